@@ -1,0 +1,24 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+
+.PHONY: install demo test test-fast clean help
+
+help:
+	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet at equal depth on an embedded task"
+	@echo "make test   - set up, then run the whole test suite"
+	@echo "make install - set up $(VENV) only (idempotent)"
+
+install:
+	@VENV=$(VENV) bash scripts/install.sh
+
+demo: install
+	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)
+
+test: install
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf demo_out .pytest_cache

@@ -1,0 +1,12 @@
+"""deepnet_fairseq: very deep Transformers for fairseq (DeepNorm, Pre-LN, stability diagnostics).
+
+Use with any fairseq entry point: ``fairseq-train --user-dir deepnet_fairseq --arch deepnet_transformer``.
+Importing the package registers the architectures and criteria and allow-lists fairseq's checkpoint
+classes for torch's weights-only loader.
+"""
+
+from .checkpoint_safety import allow_fairseq_checkpoints
+
+allow_fairseq_checkpoints()
+
+from . import criterions, models  # noqa: E402,F401  (registration)

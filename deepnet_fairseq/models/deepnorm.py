@@ -1,0 +1,90 @@
+"""DeepNorm's constants (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers", Fig. 2).
+
+This is the one home of the alpha/beta formulas. A stack with 0 layers is absent, so the same
+function serves encoder-decoder, encoder-only (BERT-like) and decoder-only (GPT-like) models:
+
+    architecture      encoder alpha           encoder beta             decoder alpha  decoder beta
+    encoder-only      (2N)^(1/4)              (8N)^(-1/4)              -              -
+    decoder-only      -                       -                        (2M)^(1/4)     (8M)^(-1/4)
+    encoder-decoder   0.81 (N^4 M)^(1/16)     0.87 (N^4 M)^(-1/16)     (3M)^(1/4)     (12M)^(-1/4)
+
+alpha up-weights the residual in every sublayer, ``x <- LN(alpha * x + G(x))``; beta is the gain of
+``xavier_normal_`` for the FFN weights and the attention value/output projections.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class DeepNormConstants:
+    encoder_alpha: Optional[float] = None
+    encoder_beta: Optional[float] = None
+    decoder_alpha: Optional[float] = None
+    decoder_beta: Optional[float] = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.encoder_alpha is not None:
+            parts.append(f"encoder alpha={self.encoder_alpha:.4f} beta={self.encoder_beta:.4f}")
+        if self.decoder_alpha is not None:
+            parts.append(f"decoder alpha={self.decoder_alpha:.4f} beta={self.decoder_beta:.4f}")
+        return "DeepNorm: " + ", ".join(parts)
+
+
+def _check_layers(value, option: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{option} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _check_override(value, option: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{option} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def deepnorm_constants(
+    encoder_layers: int = 0,
+    decoder_layers: int = 0,
+    *,
+    encoder_alpha: Optional[float] = None,
+    encoder_beta: Optional[float] = None,
+    decoder_alpha: Optional[float] = None,
+    decoder_beta: Optional[float] = None,
+) -> DeepNormConstants:
+    """The paper's alpha and beta for an N-layer encoder and M-layer decoder (0 = no such stack).
+
+    Keyword overrides (for ablations) replace a formula's value; each must be > 0. Errors name the
+    command-line option they come from.
+    """
+    n = _check_layers(encoder_layers, "--encoder-layers")
+    m = _check_layers(decoder_layers, "--decoder-layers")
+    if n == 0 and m == 0:
+        raise ValueError("--encoder-layers and --decoder-layers: at least one stack needs >= 1 layer")
+    overrides = {
+        "encoder_alpha": _check_override(encoder_alpha, "--deepnorm-encoder-alpha"),
+        "encoder_beta": _check_override(encoder_beta, "--deepnorm-encoder-beta"),
+        "decoder_alpha": _check_override(decoder_alpha, "--deepnorm-decoder-alpha"),
+        "decoder_beta": _check_override(decoder_beta, "--deepnorm-decoder-beta"),
+    }
+    if n and m:  # encoder-decoder
+        paper = dict(
+            encoder_alpha=0.81 * (n**4 * m) ** (1 / 16),
+            encoder_beta=0.87 * (n**4 * m) ** (-1 / 16),
+            decoder_alpha=(3 * m) ** (1 / 4),
+            decoder_beta=(12 * m) ** (-1 / 4),
+        )
+    elif n:  # encoder-only
+        paper = dict(encoder_alpha=(2 * n) ** (1 / 4), encoder_beta=(8 * n) ** (-1 / 4))
+    else:  # decoder-only
+        paper = dict(decoder_alpha=(2 * m) ** (1 / 4), decoder_beta=(8 * m) ** (-1 / 4))
+    for name, value in overrides.items():
+        if value is not None:
+            if name not in paper:
+                stack = name.split("_")[0]
+                raise ValueError(f"--deepnorm-{name.replace('_', '-')} given, but the model has no {stack}")
+            paper[name] = value
+    return DeepNormConstants(**paper)

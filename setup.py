@@ -1,0 +1,13 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="deepnet_fairseq",
+    version="0.1.0",
+    description="fairseq plugin for very deep Transformers: DeepNorm (DeepNet) and Pre-LN, "
+    "stability diagnostics and paper setups",
+    packages=find_packages(include=["deepnet_fairseq", "deepnet_fairseq.*"]),
+    python_requires=">=3.10",
+    # Dependencies are installed by scripts/install.sh from requirements.txt (fairseq-fixed must
+    # be built after torch with --no-build-isolation, which pip's resolver cannot express).
+    install_requires=[],
+)

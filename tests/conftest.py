@@ -1,0 +1,58 @@
+"""Shared fixtures: paths, a CLI runner, and a small binarised slice of real Multi30k de-en."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+BIN = Path(sys.executable).parent  # the venv's bin: fairseq-train, fairseq-generate, ...
+USER_DIR = str(ROOT / "deepnet_fairseq")
+
+# A tiny but deep model shape that trains in seconds on one CPU thread.
+TINY_MODEL = [
+    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+
+
+def run(cmd, cwd=None, input=None, env=None, check=True):
+    """Run a command; on failure show its output. Returns the CompletedProcess (text)."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full_env["PATH"] = f"{BIN}{os.pathsep}{full_env.get('PATH', '')}"
+    if env:
+        full_env.update(env)
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, input=input, env=full_env,
+                          capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
+                             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def multi30k():
+    path = SHARED_DATA / "multi30k_de_en"
+    if not (path / "train.de").exists():
+        pytest.fail(f"missing real test data: {path} (the project expects ../shared/data beside it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_bin(tmp_path_factory, multi30k):
+    """First 3000 training pairs (and 200 valid / 100 test) of Multi30k de-en, joined dictionary."""
+    work = tmp_path_factory.mktemp("multi30k")
+    for split, src, n in (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 100)):
+        for lang in ("de", "en"):
+            lines = (multi30k / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (work / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", work / "train",
+         "--validpref", work / "valid", "--testpref", work / "test", "--destdir", work / "bin",
+         "--joined-dictionary", "--workers", "1"])
+    return work / "bin"
