@@ -1,0 +1,86 @@
+"""Shared pieces of the Table 1 baselines: a translation model built from layer classes, and the
+two small modules several methods need (a LayerNorm-then-Linear, and LayerNorm removal).
+
+Every baseline is ``LayerClassTransformerModel`` with its own ``encoder_class``/``decoder_class``
+(``LayerClassEncoder``/``LayerClassDecoder`` subclasses whose ``layer_class`` overrides fairseq's
+``residual_connection`` / ``build_*`` hooks or re-initialises weights in ``__init__``).
+"""
+
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.modules import LayerNorm
+from torch import nn
+
+from .deepnet_transformer import check_depth
+from .layers import LayerClassDecoder, LayerClassEncoder
+
+
+class LayerClassTransformerModel(TransformerModel):
+    """fairseq's legacy ``transformer`` with the encoder/decoder classes named by the subclass.
+
+    ``config_class``'s fields are the command-line options (a subclass adds its own fields there).
+    """
+
+    config_class = TransformerConfig
+    encoder_class = LayerClassEncoder
+    decoder_class = LayerClassDecoder
+
+    @classmethod
+    def add_args(cls, parser):
+        gen_parser_from_dataclass(parser, cls.config_class(), delete_default=True, with_prefix="")
+
+    @classmethod
+    def build_model(cls, args, task):
+        check_depth(args)
+        cls.check_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def check_args(cls, args):
+        """Reject options that contradict the method (each subclass names its own)."""
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return cls.encoder_class(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+def require_post_ln(args, method):
+    """Methods defined on the Post-LN placement refuse ``--*-normalize-before``."""
+    for option in ("encoder_normalize_before", "decoder_normalize_before"):
+        if getattr(args, option, False):
+            raise ValueError(f"--{option.replace('_', '-')}: {method} is a Post-LN method")
+
+
+def require_no_layer_norm(args, method):
+    """Methods without any LayerNorm refuse the options that would add one."""
+    for option in ("encoder_normalize_before", "decoder_normalize_before", "layernorm_embedding"):
+        if getattr(args, option, False):
+            raise ValueError(f"--{option.replace('_', '-')}: {method} has no LayerNorm")
+
+
+class NormedLinear(nn.Linear):
+    """``Linear(LN(x))``: a LayerNorm over the input features, then the projection.
+
+    Keeps ``weight``/``bias`` where fairseq's init and pruning code expect them.
+    """
+
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__(in_features, out_features, bias=bias)
+        self.input_layer_norm = LayerNorm(in_features)
+
+    def forward(self, x):
+        return super().forward(self.input_layer_norm(x))
+
+
+LAYER_NORM_NAMES = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
+
+
+def remove_layer_norms(layer):
+    """Replace a fairseq layer's LayerNorms by identities (methods without normalisation)."""
+    for name in LAYER_NORM_NAMES:
+        if getattr(layer, name, None) is not None:
+            setattr(layer, name, nn.Identity())
