@@ -1,0 +1,287 @@
+"""Stage 3: build and run the ``fairseq-train`` command of a setup (one GPU, many GPUs, many nodes, CPU).
+
+    python -m deepnet_fairseq.setups.launch CONFIG [key=value ...] --arch deepnet --layers 18,18 \
+        [--gpus G] [--nodes N --node-rank R --master-addr HOST] [--cpu --procs P] [--dry-run]
+
+Every hyperparameter comes from the config. ``--update-freq`` is derived so that
+``train.max_tokens x world size x update-freq == train.batch_tokens``. Runs live in
+``<paths.runs>/<setup>/<arch>/<N>L-<M>L`` (checkpoints/, tb/, train.log); rerunning resumes from
+``checkpoints/checkpoint_last.pt``. Each finished run appends a record to ``paths.results``.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import ConfigError, load
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # --user-dir
+BIN_DIR = Path(sys.executable).parent
+ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
+# fairseq's own Post-LN architecture for each size variant of deepnet_fairseq.models.sizes
+POSTLN_ARCHS = {"": "transformer", "iwslt_de_en": "transformer_iwslt_de_en", "wmt_en_de": "transformer_wmt_en_de",
+                "wmt_en_de_big": "transformer_vaswani_wmt_en_de_big", "opus100": "transformer",
+                "m2m_102": "transformer_vaswani_wmt_en_de_big"}
+
+
+class LaunchError(ValueError):
+    """A bad launch option; one line naming it."""
+
+
+def fairseq_arch(arch, size):
+    if arch == "postln":
+        if size not in POSTLN_ARCHS:
+            raise LaunchError(f"model.size '{size}': no fairseq Post-LN architecture for it")
+        return POSTLN_ARCHS[size]
+    if arch not in ARCH_FAMILIES:
+        raise LaunchError(f"--arch '{arch}': unknown (choose deepnet, preln or postln)")
+    return f"{ARCH_FAMILIES[arch]}_{size}" if size else ARCH_FAMILIES[arch]
+
+
+def parse_layers(text):
+    parts = str(text).split(",")
+    try:
+        layers = [int(p) for p in parts]
+    except ValueError:
+        raise LaunchError(f"--layers '{text}': expected N or N,M (encoder,decoder layers)") from None
+    if len(layers) == 1:
+        layers *= 2
+    if len(layers) != 2 or min(layers) < 1:
+        raise LaunchError(f"--layers '{text}': expected N or N,M with positive integers")
+    return tuple(layers)
+
+
+def update_freq(cfg, world_size):
+    per_step = cfg["train"]["max_tokens"] * world_size
+    freq, rest = divmod(cfg["train"]["batch_tokens"], per_step)
+    if rest or freq < 1:
+        raise LaunchError(f"{world_size} processes x train.max_tokens {cfg['train']['max_tokens']} = {per_step} tokens "
+                          f"per step does not divide train.batch_tokens {cfg['train']['batch_tokens']}; "
+                          f"change --gpus/--nodes or override train.max_tokens/train.batch_tokens")
+    return freq
+
+
+def run_dir(cfg, arch, layers):
+    return Path(cfg["paths"]["runs"]) / cfg["setup"] / arch / f"{layers[0]}L-{layers[1]}L"
+
+
+def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir):
+    """fairseq-train's options (without the program name) for this setup, arch and depth."""
+    data, model, train = cfg["data"], cfg["model"], cfg["train"]
+    args = [Path(cfg["paths"]["work"]) / "bin", "--user-dir", PACKAGE_DIR,
+            "--arch", fairseq_arch(arch, model["size"]),
+            "--encoder-layers", layers[0], "--decoder-layers", layers[1]]
+    for key, options in (("embed_dim", ("--encoder-embed-dim", "--decoder-embed-dim")),
+                         ("ffn_dim", ("--encoder-ffn-embed-dim", "--decoder-ffn-embed-dim")),
+                         ("heads", ("--encoder-attention-heads", "--decoder-attention-heads"))):
+        if model[key] is not None:
+            for option in options:
+                args += [option, model[key]]
+    for key in ("share_all_embeddings", "share_decoder_input_output_embed", "checkpoint_activations"):
+        if model[key]:
+            args.append("--" + key.replace("_", "-"))
+    if data["kind"] == "multilingual":
+        args += ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
+                 "--langs", ",".join(data["langs"]), "--encoder-langtok", "src", "--decoder-langtok",
+                 "--sampling-method", "temperature", "--sampling-temperature", train["sampling_temperature"]]
+    else:
+        args += ["--source-lang", data["source_lang"], "--target-lang", data["target_lang"]]
+    args += ["--optimizer", train["optimizer"], "--adam-betas", train["adam_betas"], "--clip-norm", train["clip_norm"],
+             "--lr", train["lr"], "--lr-scheduler", train["lr_scheduler"],
+             "--warmup-updates", train["warmup_updates"], "--warmup-init-lr", train["warmup_init_lr"],
+             "--dropout", train["dropout"], "--attention-dropout", train["attention_dropout"],
+             "--weight-decay", train["weight_decay"], "--criterion", train["criterion"],
+             "--label-smoothing", train["label_smoothing"],
+             "--max-tokens", train["max_tokens"], "--update-freq", update_freq(cfg, world_size),
+             "--max-update", train["max_update"]]
+    if train["max_epoch"]:
+        args += ["--max-epoch", train["max_epoch"]]
+    args += ["--save-interval-updates", train["save_interval_updates"],
+             "--keep-interval-updates", train["keep_interval_updates"],
+             "--validate-interval-updates", train["validate_interval_updates"],
+             "--log-interval", train["log_interval"], "--log-format", "json", "--seed", train["seed"],
+             "--save-dir", save_dir, "--tensorboard-logdir", tensorboard_dir]
+    if train["no_epoch_checkpoints"]:
+        args.append("--no-epoch-checkpoints")
+    if on_gpu:
+        if train["fp16"]:
+            args.append("--fp16")
+        args += ["--ddp-backend", train["ddp_backend"]]
+    else:
+        args.append("--cpu")
+    if world_size > 1:
+        args += ["--distributed-world-size", world_size]
+        if not on_gpu:  # the flags that work for CPU processes (ENVIRONMENT.md)
+            args += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    return [str(a) for a in args] + [str(a) for a in train["extra_args"]]
+
+
+def launch_commands(opts, fairseq_args):
+    """One command per node: plain fairseq-train for one process, torchrun otherwise."""
+    fairseq_train = str(BIN_DIR / "fairseq-train") if (BIN_DIR / "fairseq-train").exists() else "fairseq-train"
+    per_node = opts.procs if opts.cpu else opts.gpus
+    if opts.nodes == 1 and per_node == 1:
+        return [[fairseq_train] + fairseq_args]
+    if opts.launcher == "slurm":  # fairseq reads SLURM's environment (one task per GPU)
+        return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", f"--gpus-per-node={per_node}",
+                 fairseq_train] + fairseq_args + ["--distributed-port", str(opts.master_port)]]
+    torchrun = str(BIN_DIR / "torchrun") if (BIN_DIR / "torchrun").exists() else "torchrun"
+    ranks = range(opts.nodes) if opts.dry_run else [opts.node_rank]
+    return [[torchrun, f"--nproc_per_node={per_node}", f"--nnodes={opts.nodes}", f"--node_rank={rank}",
+             f"--master_addr={opts.master_addr}", f"--master_port={opts.master_port}", fairseq_train] + fairseq_args
+            for rank in ranks]
+
+
+# -- the run record ----------------------------------------------------------------------------
+
+_JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
+
+
+def parse_train_log(text):
+    """Last logged train/valid loss and update count from fairseq's ``--log-format json`` output."""
+    out = {"final_loss": None, "valid_loss": None, "updates": None}
+    for match in _JSON_LOG.finditer(text):
+        tag, stats = match.group(1), json.loads(match.group(2))
+        if tag == "train_inner":
+            out["final_loss"], out["updates"] = float(stats["loss"]), int(float(stats["num_updates"]))
+        elif tag == "train":
+            out["final_loss"], out["updates"] = float(stats["train_loss"]), int(float(stats["train_num_updates"]))
+        else:
+            out["valid_loss"] = float(stats["valid_loss"])
+    return out
+
+
+def diverged(stats, returncode, text):
+    loss = stats["final_loss"]
+    blown = loss is not None and not math.isfinite(loss)
+    markers = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
+    return blown or (returncode != 0 and any(m in text for m in markers))
+
+
+def deepnorm_record(arch, layers):
+    if arch != "deepnet":
+        return None
+    from dataclasses import asdict
+
+    from ..models.deepnorm import deepnorm_constants
+
+    return asdict(deepnorm_constants(*layers))
+
+
+def append_record(path, record):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def run(cmd, log_path, env):
+    """Run ``cmd``, echoing its output and appending it to ``log_path``; returns (returncode, output)."""
+    chunks = []
+    with open(log_path, "a", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                chunks.append(line)
+        except KeyboardInterrupt:
+            proc.terminate()
+            raise
+        returncode = proc.wait()
+    return returncode, "".join(chunks)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*", help="section.key=value (any config value)")
+    parser.add_argument("--arch", required=True, help="deepnet | preln | postln (fairseq's Transformer)")
+    parser.add_argument("--layers", help="N or N,M encoder,decoder layers (default: the config's)")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: all visible, or CPU if none)")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", 0)))
+    parser.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    parser.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)))
+    parser.add_argument("--launcher", choices=("torchrun", "slurm"), default="torchrun")
+    parser.add_argument("--cpu", action="store_true", help="train on CPU (fp32); with --procs P: P gloo processes")
+    parser.add_argument("--procs", type=int, default=1, help="CPU processes per node (with --cpu)")
+    parser.add_argument("--tensorboard-logdir", help="default: <run folder>/tb")
+    parser.add_argument("--run-dir", help="default: <paths.runs>/<setup>/<arch>/<N>L-<M>L")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands (all nodes) and exit")
+    parser.add_argument("--force", action="store_true", help="train even if the run folder is marked finished")
+    opts = parser.parse_intermixed_args(argv)
+    try:
+        cfg = load(opts.config, opts.overrides)
+        layers = parse_layers(opts.layers) if opts.layers else (cfg["model"]["encoder_layers"], cfg["model"]["decoder_layers"])
+        fairseq_arch(opts.arch, cfg["model"]["size"])  # validates --arch
+        if opts.gpus is None:
+            if opts.cpu or opts.dry_run:
+                opts.gpus = 0 if opts.cpu else 1
+            else:
+                import torch
+
+                opts.gpus = torch.cuda.device_count()
+                opts.cpu = opts.gpus == 0
+        if not opts.cpu and opts.gpus < 1:
+            raise LaunchError("--gpus must be >= 1 (or use --cpu)")
+        for name in ("nodes", "procs"):
+            if getattr(opts, name) < 1:
+                raise LaunchError(f"--{name} must be >= 1")
+        world = opts.nodes * (opts.procs if opts.cpu else opts.gpus)
+        folder = Path(opts.run_dir) if opts.run_dir else run_dir(cfg, opts.arch, layers)
+        tb = opts.tensorboard_logdir or folder / "tb"
+        fairseq_args = train_args(cfg, opts.arch, layers, world, not opts.cpu, folder / "checkpoints", tb)
+        cmds = launch_commands(opts, fairseq_args)
+        if opts.dry_run:
+            print(f"# {cfg['setup']} {opts.arch} {layers[0]}L-{layers[1]}L: world size {world}, "
+                  f"update-freq {update_freq(cfg, world)}, run folder {folder}")
+            for rank, cmd in enumerate(cmds):
+                if len(cmds) > 1:
+                    print(f"# node {rank}:")
+                print(" ".join(shlex.quote(c) for c in cmd))
+            return 0
+        data_bin = Path(cfg["paths"]["work"]) / "bin"
+        if not (data_bin / ".done").exists():
+            raise LaunchError(f"{data_bin}: binarised data not found; run the prepare and binarize scripts first")
+        done = folder / "train.done"
+        if done.exists() and done.read_text().strip() == str(cfg["train"]["max_update"]) and not opts.force:
+            print(f"[train] {folder}: already trained to max_update {cfg['train']['max_update']}, skipping "
+                  f"(--force to rerun)")
+            return 0
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.resolved.json").write_text(json.dumps(cfg, indent=1))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        start = time.time()
+        print("[train] " + " ".join(shlex.quote(c) for c in cmds[0]), flush=True)
+        returncode, text = run(cmds[0], folder / "train.log", env)
+        stats = parse_train_log(text)
+        record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
+                  "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers),
+                  "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
+                  "diverged": diverged(stats, returncode, text), "returncode": returncode,
+                  "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats}
+        if opts.node_rank == 0:
+            append_record(cfg["paths"]["results"], record)
+        if returncode != 0:
+            print(f"error: fairseq-train exited with {returncode} (log: {folder / 'train.log'})", file=sys.stderr)
+            return returncode
+        done.write_text(f"{cfg['train']['max_update']}\n")
+        print(f"[train] finished: {stats['updates']} updates, loss {stats['final_loss']}, "
+              f"{record['wall_time_s']}s -> {folder}")
+    except (ConfigError, LaunchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
