@@ -56,3 +56,17 @@ def multi30k_bin(tmp_path_factory, multi30k):
          "--validpref", work / "valid", "--testpref", work / "test", "--destdir", work / "bin",
          "--joined-dictionary", "--workers", "1"])
     return work / "bin"
+
+
+@pytest.fixture(scope="session")
+def deepnet_run(tmp_path_factory, multi30k_bin):
+    """A 12L-12L d64 DeepNet trained 60 updates through the real fairseq-train CLI (shared by tests)."""
+    save = tmp_path_factory.mktemp("deepnet_run")
+    proc = run([BIN / "fairseq-train", multi30k_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
+                "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "12", "--decoder-layers", "12",
+                *TINY_MODEL, "--share-all-embeddings", "--dropout", "0.1",
+                "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", "20", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                "--max-tokens", "1500", "--max-update", "60", "--save-dir", save, "--no-epoch-checkpoints",
+                "--log-format", "json", "--log-interval", "10", "--num-workers", "0"])
+    return save, proc.stdout + proc.stderr

@@ -1,0 +1,69 @@
+"""Checkpoints load with torch's weights-only unpickler; a malicious pickle is refused."""
+
+import os
+
+import pytest
+import torch
+
+import deepnet_fairseq  # noqa: F401  (allow-list)
+from deepnet_fairseq.checkpoint_safety import fairseq_checkpoint_globals
+from fairseq import checkpoint_utils
+
+from conftest import BIN, USER_DIR, run
+
+
+def allowed_names():
+    names = set()
+    for entry in fairseq_checkpoint_globals():
+        if isinstance(entry, tuple):
+            names.add(entry[1])
+        else:
+            names.add(f"{entry.__module__}.{entry.__qualname__}")
+    return names
+
+
+def test_plain_checkpoint_needs_only_allow_listed_globals(deepnet_run):
+    save, _ = deepnet_run
+    needed = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(save / "checkpoint_last.pt")))
+    assert needed == {"argparse.Namespace"}
+    assert needed <= allowed_names()
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    assert state["cfg"]["model"].arch == "deepnet_transformer_iwslt_de_en"
+
+
+def test_weights_only_is_not_switched_off():
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") in (None, "", "0")
+    code = open(deepnet_fairseq.checkpoint_safety.__file__).read()
+    assert "weights_only=False" not in code
+
+
+class Exploit:
+    marker = None
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def write_malicious_checkpoint(path, marker):
+    Exploit.marker = marker
+    torch.save({"args": None, "cfg": {"model": Exploit()}, "model": {}}, path)
+
+
+def test_malicious_pickle_is_refused_by_fairseq_loader(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    write_malicious_checkpoint(path, marker)
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported global"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert not marker.exists()
+
+
+def test_malicious_pickle_is_refused_by_fairseq_generate(tmp_path, multi30k_bin):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "checkpoint_evil.pt"
+    write_malicious_checkpoint(path, marker)
+    proc = run([BIN / "fairseq-generate", multi30k_bin, "--user-dir", USER_DIR, "--path", path, "--cpu",
+                "--gen-subset", "test", "--max-sentences", "8"], check=False)
+    assert proc.returncode != 0
+    assert "Weights only load failed" in proc.stderr and "posix.system" in proc.stderr
+    assert not marker.exists()
