@@ -222,3 +222,67 @@ def test_preln_gradients_are_flat_by_layer_and_postln_grow_toward_the_top():
     assert post[-1] / post[0] > 3.0, post
     # Pre-LN: of the same order in every layer
     assert max(pre) / min(pre) < 2.5, pre
+
+
+def small(arch, *extra):
+    return build(arch, "--encoder-layers", 6, "--decoder-layers", 6, "--encoder-embed-dim", 32,
+                 "--decoder-embed-dim", 32, "--encoder-ffn-embed-dim", 64, "--decoder-ffn-embed-dim", 64,
+                 "--encoder-attention-heads", 4, "--decoder-attention-heads", 4, "--dropout", 0.1, *extra)
+
+
+@pytest.mark.parametrize("arch", ["deepnet_transformer", "preln_transformer"])
+def test_incremental_beam_search_equals_full_sequence_scoring(arch):
+    """fairseq's own idiom: positional scores of beam search (incremental) == teacher-forced scoring."""
+    from fairseq.sequence_generator import SequenceGenerator
+    from fairseq.sequence_scorer import SequenceScorer
+
+    torch.manual_seed(0)
+    model = small(arch, "--share-all-embeddings")
+    task = ToyTask()
+    d = task.target_dictionary
+    src = torch.randint(4, len(d), (4, 9))
+    src[:, -1] = d.eos()
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 9)}}
+    gen = SequenceGenerator([model], d, beam_size=3, max_len_b=12)
+    hypos = gen.forward(sample)
+    scorer = SequenceScorer(d)
+    for i, beams in enumerate(hypos):
+        tokens = beams[0]["tokens"]
+        prev = torch.cat([tokens.new_tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+        scored = scorer.generate([model], {"net_input": {"src_tokens": src[i : i + 1], "src_lengths": torch.tensor([9]),
+                                                         "prev_output_tokens": prev},
+                                           "target": tokens.unsqueeze(0)})
+        torch.testing.assert_close(scored[0][0]["positional_scores"], beams[0]["positional_scores"], rtol=1e-4, atol=1e-4)
+
+
+def test_activation_checkpointing_and_shared_embeddings_change_nothing():
+    def loss_and_grads(*extra):
+        torch.manual_seed(0)
+        model = small("deepnet_transformer", "--dropout", 0, *extra)
+        model.train()
+        gen = torch.Generator().manual_seed(1)
+        src, tgt = torch.randint(4, 50, (3, 8), generator=gen), torch.randint(4, 50, (3, 8), generator=gen)
+        out, _ = model(src, torch.full((3,), 8), tgt)
+        loss = out.logsumexp(-1).mean() - out.gather(-1, tgt.unsqueeze(-1)).mean()
+        loss.backward()
+        return loss.item(), model.decoder.layers[0].fc1.weight.grad.clone() if not extra else None, model
+
+    base_loss, base_grad, _ = loss_and_grads()
+    ckpt_loss, _, ckpt_model = loss_and_grads("--checkpoint-activations")
+    assert ckpt_loss == pytest.approx(base_loss, abs=1e-6)
+    layer = ckpt_model.decoder.layers[0]
+    torch.testing.assert_close(layer.fc1.weight.grad, base_grad)
+    _, _, shared = loss_and_grads("--share-all-embeddings")
+    assert shared.encoder.embed_tokens.weight is shared.decoder.embed_tokens.weight
+    assert shared.decoder.output_projection.weight is shared.decoder.embed_tokens.weight
+
+
+def test_bf16_forward_backward_on_cpu():
+    """fairseq's --bf16/--fp16 trainers need a GPU; the model itself runs in bf16 (checked on GPU by benchmarks/gpu_check.sh)."""
+    torch.manual_seed(0)
+    model = small("deepnet_transformer").to(torch.bfloat16).train()
+    src = torch.randint(4, 50, (2, 6))
+    out, _ = model(src, torch.full((2,), 6), src)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    out.float().logsumexp(-1).mean().backward()
+    assert all(torch.isfinite(p.grad.float()).all() for p in model.parameters() if p.grad is not None)
