@@ -1,0 +1,220 @@
+"""Depth scaling of deepnet_transformer up to 500L-500L (1,000 layers) at small width on CPU.
+
+    .venv/bin/python -m benchmarks.depth_scaling            # depths 6 25 50 100 250 500, ckpt off/on
+
+Every configuration runs in a fresh subprocess (so the process's peak RSS belongs to that model
+alone) that builds the model through fairseq's registries, takes real fairseq training steps
+(Adam) and reports: build seconds, parameters, seconds per update (median of the timed steps),
+torch's allocator peak during a step (``Bench.peak_step_bytes``) split into persistent bytes
+(parameters, gradients, Adam state) and the step's activation/workspace bytes, the bytes autograd
+saves for backward, the process's peak RSS (VmHWM), loss and gradient norm (both must be finite)
+and the DeepNorm alpha/beta the plugin logged. Writes a CSV, a plot and a Markdown table.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .common import Batch, Bench, Shape, deepnorm_summary, machine, write_json
+
+WIDTH = dict(dim=64, ffn=128, heads=2)  # the test suite's tiny shape
+BATCH = Batch(sentences=16, src_len=24, tgt_len=24, vocab=1000)
+DEPTHS = [6, 25, 50, 100, 250, 500]
+FIELDS = [
+    "layers_per_stack", "total_layers", "checkpoint_activations", "parameters", "build_s", "s_per_update",
+    "persistent_mib", "step_peak_mib", "activation_mib", "saved_for_backward_mib", "rss_peak_mib",
+    "loss", "grad_norm", "encoder_alpha", "decoder_alpha",
+]
+
+
+def peak_rss_mib():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, width=WIDTH):
+    """Build one deep model and train it a few steps; every number it returns was measured here."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s | %(message)s")
+    logging.getLogger("deepnet_fairseq").setLevel(logging.INFO)  # the plugin logs alpha/beta at build
+    extra = ["--checkpoint-activations"] if checkpoint_activations else []
+    bench = Bench("deepnet_transformer", Shape(layers, layers, **width), batch, extra_args=extra)
+    losses, norms = [], []
+
+    def checked_step():
+        seconds = bench.step()
+        losses.append(bench.last_loss)
+        norms.append(bench.grad_norm())
+        if not (math.isfinite(losses[-1]) and math.isfinite(norms[-1])):
+            raise FloatingPointError(f"{layers}L-{layers}L: loss {losses[-1]}, grad norm {norms[-1]}")
+        return seconds
+
+    checked_step()  # warm-up: allocates gradients and Adam state
+    seconds = sorted(checked_step() for _ in range(timed_steps))
+    persistent, peak = bench.peak_step_bytes()
+    norms.append(bench.grad_norm())
+    saved = bench.saved_activation_bytes()
+    summary = deepnorm_summary(bench.model)
+    mib = 2**20
+    return {
+        "layers_per_stack": layers,
+        "total_layers": 2 * layers,
+        "checkpoint_activations": checkpoint_activations,
+        "parameters": bench.parameters,
+        "build_s": round(bench.build_seconds, 3),
+        "s_per_update": round(seconds[len(seconds) // 2], 4),
+        "persistent_mib": round(persistent / mib, 2),
+        "step_peak_mib": round(peak / mib, 2),
+        "activation_mib": round((peak - persistent) / mib, 2),
+        "saved_for_backward_mib": round(saved / mib, 2),
+        "rss_peak_mib": round(peak_rss_mib(), 1),
+        "loss": round(losses[-1], 4),
+        "grad_norm": round(norms[-1], 5),
+        "all_losses_finite": all(math.isfinite(v) for v in losses),
+        "all_grad_norms_finite": all(math.isfinite(v) for v in norms),
+        "encoder_alpha": summary["encoder_alpha_in_layers"][0],
+        "decoder_alpha": summary["decoder_alpha_in_layers"][0],
+        "deepnorm": summary["constants"],
+    }
+
+
+def run_in_subprocess(layers, checkpoint_activations, timed_steps):
+    cmd = [sys.executable, "-m", "benchmarks.depth_scaling", "--one", str(layers), "--timed-steps", str(timed_steps)]
+    if checkpoint_activations:
+        cmd.append("--checkpoint-activations")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row["plugin_log"] = [line for line in proc.stderr.splitlines() if "DeepNorm:" in line]
+    return row
+
+
+def linear_fit(xs, ys):
+    """Least-squares line y = a + b x; returns (a, b, r_squared)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - b * mx
+    ss_res = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    return a, b, 1 - ss_res / ss_tot if ss_tot else 1.0
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ckpt, style in ((False, "o-"), (True, "s--")):
+        sel = sorted((r for r in rows if r["checkpoint_activations"] == ckpt), key=lambda r: r["total_layers"])
+        label = "checkpoint activations" if ckpt else "no checkpointing"
+        x = [r["total_layers"] for r in sel]
+        axes[0].plot(x, [r["step_peak_mib"] for r in sel], style, label=f"step peak, {label}")
+        axes[0].plot(x, [r["persistent_mib"] for r in sel], ":", color="gray")
+        axes[1].plot(x, [r["activation_mib"] for r in sel], style, label=label)
+        axes[2].plot(x, [r["s_per_update"] for r in sel], style, label=label)
+    axes[0].set(title="torch peak memory per step (gray: params+grads+Adam)", xlabel="total layers", ylabel="MiB")
+    axes[1].set(title="activation + workspace memory", xlabel="total layers", ylabel="MiB")
+    axes[2].set(title="seconds per update (1 CPU thread)", xlabel="total layers", ylabel="s")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"deepnet_transformer d{WIDTH['dim']} FFN {WIDTH['ffn']}, {BATCH.target_tokens} target tokens/batch")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
+
+
+def report(rows):
+    lines = ["| layers | ckpt | params | build s | s/update | persistent MiB | step peak MiB | activation MiB "
+             "| saved-for-backward MiB | peak RSS MiB | loss | grad norm | enc alpha | dec alpha |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["checkpoint_activations"], r["total_layers"])):
+        lines.append(
+            f"| {r['layers_per_stack']}L-{r['layers_per_stack']}L | {'on' if r['checkpoint_activations'] else 'off'} "
+            f"| {r['parameters']:,} | {r['build_s']:.2f} | {r['s_per_update']:.3f} | {r['persistent_mib']:.1f} "
+            f"| {r['step_peak_mib']:.1f} | {r['activation_mib']:.1f} | {r['saved_for_backward_mib']:.1f} "
+            f"| {r['rss_peak_mib']:.0f} | {r['loss']:.3f} | {r['grad_norm']:.4f} | {r['encoder_alpha']:.3f} "
+            f"| {r['decoder_alpha']:.3f} |")
+    lines.append("")
+    for ckpt in (False, True):
+        sel = [r for r in rows if r["checkpoint_activations"] == ckpt]
+        if len(sel) >= 3:
+            x = [r["total_layers"] for r in sel]
+            a, b, r2 = linear_fit(x, [r["step_peak_mib"] for r in sel])
+            lines.append(f"- checkpointing {'on' if ckpt else 'off'}: step peak = {a:.1f} MiB + {b:.3f} MiB/layer "
+                         f"x layers, R^2 = {r2:.5f}")
+    deepest = max(r["total_layers"] for r in rows)
+    on = {r["total_layers"]: r for r in rows if r["checkpoint_activations"]}
+    off = {r["total_layers"]: r for r in rows if not r["checkpoint_activations"]}
+    if deepest in on and deepest in off:
+        cut = 1 - on[deepest]["activation_mib"] / off[deepest]["activation_mib"]
+        lines.append(f"- at {deepest} layers checkpointing cuts activation memory from "
+                     f"{off[deepest]['activation_mib']:.0f} to {on[deepest]['activation_mib']:.0f} MiB ({cut:.0%}) "
+                     f"and costs {on[deepest]['s_per_update'] / off[deepest]['s_per_update']:.2f}x time per update")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="layers per stack, comma-separated")
+    parser.add_argument("--timed-steps", type=int, default=2, help="timed updates per configuration (default 2)")
+    parser.add_argument("--out-dir", default="benchmarks/results", help="where the CSV, plot and JSON go")
+    parser.add_argument("--name", default="depth_scaling", help="file stem of the outputs")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one configuration, JSON on stdout
+    parser.add_argument("--checkpoint-activations", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(measure_one(args.one, args.checkpoint_activations, args.timed_steps)))
+        return None
+    try:
+        depths = [int(d) for d in args.depths.split(",")]
+    except ValueError:
+        parser.error(f"--depths must be comma-separated integers, got {args.depths!r}")
+    if not depths or min(depths) < 1:
+        parser.error("--depths must be positive")
+    info = machine()
+    print(f"# machine: {info}", flush=True)
+    rows = []
+    for layers in depths:
+        for ckpt in (False, True):
+            row = run_in_subprocess(layers, ckpt, args.timed_steps)
+            print(f"  {layers}L-{layers}L ckpt={'on' if ckpt else 'off'}: {row['parameters']:,} params, "
+                  f"build {row['build_s']:.1f} s, {row['s_per_update']:.2f} s/update, step peak "
+                  f"{row['step_peak_mib']:.0f} MiB, loss {row['loss']:.3f}, grad norm {row['grad_norm']:.4f}; "
+                  f"plugin log: {row['plugin_log']}", flush=True)
+            rows.append(row)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"{args.name}.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(out / f"{args.name}.csv")
+    plot(rows, out / f"{args.name}.png")
+    write_json(out / f"{args.name}.json", {"machine": info, "command": " ".join(sys.argv), "width": WIDTH,
+                                           "batch": BATCH.__dict__, "rows": rows})
+    print(report(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    main()

@@ -1,0 +1,214 @@
+"""Beam-search speed of a trained deep deepnet_transformer checkpoint vs fairseq's ``transformer`` of
+the same shape (incremental decoding, fairseq's SequenceGenerator), interleaved in one process.
+
+    .venv/bin/python -m benchmarks.inference     # trains both briefly on a Multi30k de-en slice first
+
+Steps (each skipped when its ``.done`` marker exists): binarise a slice of
+../shared/data/multi30k_de_en with fairseq-preprocess; train each architecture for
+``--max-update`` updates with fairseq-train; then decode the test slice with beam 5 in rounds,
+alternating the models (order rotated each round).
+
+Two decoding modes are timed:
+- ``fixed``: every hypothesis is forced to exactly ``--fixed-len`` tokens (``min_len = max_len``),
+  so both models do identical work per sentence whatever they learnt: the ratio is the cost of the
+  architecture itself.
+- ``natural``: fairseq's usual stopping (max length 1.2 x source + 10); models this briefly
+  trained stop at different lengths, so its ratio mixes architecture cost with output length
+  (mean hypothesis length is reported alongside).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import torch
+
+from .common import ROOT, USER_DIR, machine, quiet_fairseq, summarize, write_json
+
+DATA = ROOT.parent / "shared" / "data" / "multi30k_de_en"
+BIN = Path(sys.executable).parent
+SLICE = (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 200))
+MODEL_ARGS = [
+    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+ARCHS = ("transformer", "deepnet_transformer")  # baseline first
+
+
+def run(cmd, log):
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    with open(log, "w") as f:
+        proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}); see {log}")
+
+
+def prepare(work):
+    """A binarised Multi30k de-en slice (joined dictionary); idempotent."""
+    out = work / "bin"
+    if (work / "bin.done").exists():
+        return out
+    if not (DATA / "train.de").exists():
+        raise FileNotFoundError(f"missing {DATA}/train.de (the benchmark reads ../shared/data/multi30k_de_en)")
+    text = work / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    for split, src, n in SLICE:
+        for lang in ("de", "en"):
+            lines = (DATA / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (text / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp = work / "bin.tmp"
+    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", text / "train", "--validpref",
+         text / "valid", "--testpref", text / "test", "--destdir", tmp, "--joined-dictionary", "--workers", "1"],
+        work / "preprocess.log")
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.replace(out)
+    (work / "bin.done").touch()
+    return out
+
+
+def train(work, data, arch, layers, max_update):
+    """Train ``arch`` briefly with fairseq-train; returns the last checkpoint. Idempotent."""
+    save = work / f"{arch}_{layers}L"
+    done = save / ".done"
+    if done.exists():
+        return save / "checkpoint_last.pt"
+    run([BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, "--cpu",
+         "--encoder-layers", layers, "--decoder-layers", layers, *MODEL_ARGS,
+         "--share-decoder-input-output-embed", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+         "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--dropout", "0.1",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "2000",
+         "--max-update", max_update, "--seed", "1", "--save-dir", save, "--no-epoch-checkpoints",
+         "--disable-validation", "--log-format", "simple", "--log-interval", "10"],
+        work / f"train_{arch}_{layers}L.log")
+    done.touch()
+    return save / "checkpoint_last.pt"
+
+
+class Decoder:
+    """A loaded checkpoint and its beam-search generator."""
+
+    def __init__(self, path, data, beam, **lengths):
+        from fairseq import checkpoint_utils, utils
+
+        utils.import_user_module(Namespace(user_dir=USER_DIR))  # as --user-dir: registers and allow-lists
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
+        self.model = models[0].eval()
+        self.task = task
+        self.arch = cfg.model._name if hasattr(cfg.model, "_name") else cfg.model.arch
+        self.generator = task.build_generator([self.model], Namespace(beam=beam, **lengths))
+        if not self.generator.model.has_incremental_states():
+            raise RuntimeError(f"{path}: decoder is not incremental")
+
+    def decode(self, batches):
+        """Returns (wall seconds, CPU seconds of this thread, sentences, mean hypothesis length)."""
+        sentences = tokens = 0
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        with torch.no_grad():
+            for sample in batches:
+                hypos = self.task.inference_step(self.generator, [self.model], sample)
+                sentences += len(hypos)
+                tokens += sum(len(h[0]["tokens"]) for h in hypos)
+        return time.perf_counter() - start, time.thread_time() - cpu_start, sentences, tokens / max(sentences, 1)
+
+
+def load_batches(task, batch_size):
+    task.load_dataset("test")
+    itr = task.get_batch_iterator(dataset=task.dataset("test"), max_sentences=batch_size, seed=1,
+                                  ignore_invalid_inputs=False).next_epoch_itr(shuffle=False)
+    return list(itr)
+
+
+def benchmark(checkpoints, data, beam, fixed_len, rounds, batch_size, log=print):
+    modes = {
+        "fixed": dict(max_len_a=0, max_len_b=fixed_len, min_len=fixed_len),
+        "natural": dict(max_len_a=1.2, max_len_b=10, min_len=1),
+    }
+    results = {}
+    for mode, lengths in modes.items():
+        decoders = [Decoder(checkpoints[arch], data, beam, **lengths) for arch in ARCHS]
+        batches = load_batches(decoders[0].task, batch_size)
+        for d in decoders:
+            d.decode(batches[:1])  # warm-up
+        timings = {arch: {"wall": [], "cpu": [], "length": []} for arch in ARCHS}
+        for r in range(rounds):
+            order = decoders[r % 2:] + decoders[: r % 2]
+            for d, arch in ((d, ARCHS[decoders.index(d)]) for d in order):
+                wall, cpu, sentences, length = d.decode(batches)
+                timings[arch]["wall"].append(sentences / wall)
+                timings[arch]["cpu"].append(sentences / cpu)
+                timings[arch]["length"].append(length)
+            log(f"  {mode} round {r + 1}/{rounds}: " + ", ".join(
+                f"{a} {t['wall'][-1]:.2f} sent/s ({t['cpu'][-1]:.2f} per CPU s)" for a, t in timings.items()))
+        base, deep = timings[ARCHS[0]], timings[ARCHS[1]]
+        results[mode] = {
+            "sentences": sentences,
+            "lengths": lengths,
+            "models": {arch: {"sentences_per_s_wall": summarize(t["wall"]), "sentences_per_s_cpu": summarize(t["cpu"]),
+                              "mean_hypothesis_tokens": t["length"][-1]} for arch, t in timings.items()},
+            "ratio_wall": summarize([d / b for d, b in zip(deep["wall"], base["wall"])]),
+            "ratio_cpu": summarize([d / b for d, b in zip(deep["cpu"], base["cpu"])]),
+        }
+    return results
+
+
+def table(results, layers):
+    lines = ["| mode | model | sentences/s wall median (min-max) | sentences per CPU s | mean hyp. tokens "
+             "| ratio wall median (min-max) | ratio CPU median (min-max) |", "|---|---|---|---|---|---|---|"]
+    for mode, res in results.items():
+        for arch, m in res["models"].items():
+            w, c = m["sentences_per_s_wall"], m["sentences_per_s_cpu"]
+            deep = arch != ARCHS[0]
+            rw, rc = res["ratio_wall"], res["ratio_cpu"]
+            lines.append(
+                f"| {mode} | {arch} {layers}L-{layers}L | {w['median']:.2f} ({w['min']:.2f}-{w['max']:.2f}) | {c['median']:.2f} "
+                f"| {m['mean_hypothesis_tokens']:.1f} | "
+                + (f"{rw['median']:.3f} ({rw['min']:.3f}-{rw['max']:.3f}) | {rc['median']:.3f} ({rc['min']:.3f}-{rc['max']:.3f}) |"
+                   if deep else "1 (baseline) | 1 (baseline) |"))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=12, help="layers per stack of both models (default 12)")
+    parser.add_argument("--max-update", type=int, default=60, help="training updates per model (default 60)")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--fixed-len", type=int, default=20, help="tokens per hypothesis in the fixed mode")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=50, help="sentences per batch")
+    parser.add_argument("--work", default="runs/benchmarks/inference", help="data and checkpoints (not committed)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if min(args.layers, args.max_update, args.beam, args.fixed_len, args.rounds, args.batch_size) < 1:
+        parser.error("every numeric option must be >= 1")
+    quiet_fairseq()
+    info = machine()
+    print(f"# machine: {info}", flush=True)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare(work)
+    checkpoints = {}
+    for arch in ARCHS:
+        start = time.perf_counter()
+        checkpoints[arch] = train(work, data, arch, args.layers, args.max_update)
+        print(f"  {arch} {args.layers}L-{args.layers}L checkpoint ready ({time.perf_counter() - start:.0f} s): "
+              f"{checkpoints[arch]}", flush=True)
+    results = benchmark(checkpoints, data, args.beam, args.fixed_len, args.rounds, args.batch_size,
+                        log=lambda s: print(s, flush=True))
+    print(table(results, args.layers))
+    if args.out:
+        write_json(args.out, {"machine": info, "command": " ".join(sys.argv), "layers": args.layers,
+                              "max_update": args.max_update, "beam": args.beam, "results": results})
+    return results
+
+
+if __name__ == "__main__":
+    main()
