@@ -108,6 +108,8 @@ SCHEMA = {
         "beam": ((int,), 5),
         "lenpen": (NUM, 1.0),
         "max_tokens": ((int,), 8000),
+        "max_len_a": (NUM, 0),  # output length limit a*source+b (fairseq's defaults)
+        "max_len_b": ((int,), 200),
         "metric": ((str,), "tok_bleu"),  # tok_bleu | compound_split_bleu | sacrebleu
         "sacrebleu_tokenize": ((str,), "13a"),
         "groups": ((dict,), {}),  # multilingual: group name -> list of directions or "x-en"/"en-x" patterns
@@ -229,12 +231,13 @@ def validate(cfg, where):
     else:
         if not data["langs"] or not data["lang_pairs"]:
             raise ConfigError(f"{where}: a multilingual setup needs data.langs and data.lang_pairs")
+        langs = set(data["langs"])
         for pair in data["lang_pairs"] + data["zero_shot_pairs"]:
             parts = str(pair).split("-")
             if len(parts) != 2:
                 raise ConfigError(f"{where}: language pair '{pair}' must look like src-tgt")
             for lang in parts:
-                if lang not in data["langs"]:
+                if lang not in langs:
                     raise ConfigError(f"{where}: language pair '{pair}' uses unknown language '{lang}' (not in data.langs)")
     for dotted in ("train.max_tokens", "train.batch_tokens", "model.encoder_layers", "model.decoder_layers",
                    "eval.average_last", "eval.beam"):

@@ -141,7 +141,7 @@ def launch_commands(opts, fairseq_args):
 
 # -- the run record ----------------------------------------------------------------------------
 
-_JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
+_JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$", re.MULTILINE)
 
 
 def parse_train_log(text):

@@ -1,0 +1,249 @@
+"""Stage 4: average the last K checkpoints, translate the test set, score it with the setup's metric.
+
+    python -m deepnet_fairseq.setups.evaluate CONFIG [key=value ...] --arch deepnet --layers 18,18 [--run-dir DIR]
+
+Metrics (``eval.metric``):
+  tok_bleu             IWSLT-14: fairseq's BLEU (= multi-bleu) on BPE-removed, tokenised text
+  compound_split_bleu  WMT-17: tokenised BLEU after fairseq's compound splitting, plus detokenised sacreBLEU
+  sacrebleu            multilingual: detokenised, case-sensitive sacreBLEU per direction (CSV + heatmap)
+Every score comes from sacreBLEU (``tokenize='none'`` is the tokenised BLEU) with its signature. The copy-
+the-source baseline is scored the same way. Results go to <run>/eval/ and a record to ``paths.results``.
+"""
+
+import argparse
+import csv
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import textprep as tp
+from .average import average_checkpoints, last_checkpoints
+from .config import ConfigError, load
+from .launch import BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers, run_dir
+
+
+def bleu(hyps, refs, tokenize, lowercase=False):
+    """(score, signature) of sacreBLEU."""
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU(tokenize=tokenize, lowercase=lowercase, force=True)
+    return round(metric.corpus_score(hyps, [refs]).score, 2), str(metric.get_signature())
+
+
+def generate(cfg, checkpoint, gen_args, cpu, log_path):
+    """Run fairseq-generate; returns the hypotheses ordered by sentence id."""
+    program = str(BIN_DIR / "fairseq-generate") if (BIN_DIR / "fairseq-generate").exists() else "fairseq-generate"
+    ev = cfg["eval"]
+    cmd = [program, str(Path(cfg["paths"]["work"]) / "bin"), "--user-dir", str(PACKAGE_DIR), "--path", str(checkpoint),
+           "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
+           "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"])] + gen_args + (["--cpu"] if cpu else [])
+    print("[evaluate] " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log_path.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise tp.DataError(f"fairseq-generate failed ({tail}); log: {log_path}")
+    hyps = {}
+    for line in proc.stdout.splitlines():
+        match = re.match(r"^H-(\d+)\t[^\t]*\t?(.*)$", line)
+        if match:
+            hyps[int(match.group(1))] = match.group(2)
+    return [hyps.get(i, "") for i in range(max(hyps) + 1)] if hyps else []
+
+
+def evaluate_bilingual(cfg, checkpoint, cpu, out):
+    data, ev = cfg["data"], cfg["eval"]
+    src, tgt = data["source_lang"], data["target_lang"]
+    work = Path(cfg["paths"]["work"])
+    hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], cpu,
+                    out / "generate.log")
+    refs = tp.read_lines(work / "tok" / f"test.{tgt}")
+    sources = tp.read_lines(work / "tok" / f"test.{src}")
+    if len(hyps) != len(refs):
+        raise tp.DataError(f"{out / 'generate.log'}: {len(hyps)} hypotheses for {len(refs)} references")
+    tp.write_lines(out / f"hyp.{tgt}", hyps)
+    result = {}
+    if ev["metric"] == "compound_split_bleu":
+        split = [tp.compound_split(x) for x in hyps], [tp.compound_split(x) for x in refs]
+        result["bleu"], result["signature"] = bleu(*split, tokenize="none")
+        result["copy_source_bleu"], _ = bleu([tp.compound_split(x) for x in sources], split[1], tokenize="none")
+        result["metric"] = "compound-split tokenised BLEU (fairseq's compound_split_bleu.sh)"
+        detok = tp.moses_detokenize(hyps, tgt)
+        raw_refs = tp.read_lines(work / "ref" / f"test.{tgt}")
+        tp.write_lines(out / f"hyp.detok.{tgt}", detok)
+        result["sacrebleu"], result["sacrebleu_signature"] = bleu(detok, raw_refs, tokenize=ev["sacrebleu_tokenize"])
+    elif ev["metric"] == "tok_bleu":
+        result["bleu"], result["signature"] = bleu(hyps, refs, tokenize="none")
+        result["copy_source_bleu"], _ = bleu(sources, refs, tokenize="none")
+        result["metric"] = "tokenised BLEU on BPE-removed text (fairseq's BLEU)"
+    else:
+        raw_refs = tp.read_lines(work / "ref" / f"test.{tgt}")
+        detok = tp.moses_detokenize(hyps, tgt) if cfg["prep"]["tokenizer"] == "moses" else hyps
+        result["bleu"], result["signature"] = bleu(detok, raw_refs, tokenize=ev["sacrebleu_tokenize"])
+        result["copy_source_bleu"], _ = bleu(tp.read_lines(work / "ref" / f"test.{src}"), raw_refs,
+                                             tokenize=ev["sacrebleu_tokenize"])
+        result["metric"] = "detokenised sacreBLEU"
+    result["sentences"] = len(hyps)
+    return result
+
+
+def group_members(cfg, pattern, directions):
+    zero_shot = set(cfg["data"]["zero_shot_pairs"])
+    if pattern == "zero-shot":
+        return [d for d in directions if d in zero_shot]
+    if pattern == "non-en":
+        return [d for d in directions if "en" not in d.split("-")]
+    src, _, tgt = pattern.partition("-")
+    return [d for d in directions if (src in ("*", d.split("-")[0])) and (tgt in ("*", d.split("-")[1]))]
+
+
+def evaluate_multilingual(cfg, checkpoint, cpu, out):
+    data, ev = cfg["data"], cfg["eval"]
+    work = Path(cfg["paths"]["work"])
+    rows = []
+    for direction in data["lang_pairs"] + [p for p in data["zero_shot_pairs"] if p not in data["lang_pairs"]]:
+        s, t = direction.split("-")
+        corpus = "-".join(sorted((s, t)))
+        ref_path = work / "ref" / f"test.{corpus}.{t}"
+        if not ref_path.exists():
+            continue
+        gen_args = ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
+                    "--langs", ",".join(data["langs"]), "--source-lang", s, "--target-lang", t,
+                    "--encoder-langtok", "src", "--decoder-langtok", "--remove-bpe", "sentencepiece"]
+        hyps = generate(cfg, checkpoint, gen_args, cpu, out / f"generate.{direction}.log")
+        refs = tp.read_lines(ref_path)
+        sources = tp.read_lines(work / "ref" / f"test.{corpus}.{s}")
+        tp.write_lines(out / f"hyp.{direction}.{t}", hyps)
+        score, signature = bleu(hyps, refs, tokenize=ev["sacrebleu_tokenize"])
+        copy, _ = bleu(sources, refs, tokenize=ev["sacrebleu_tokenize"])
+        rows.append({"src": s, "tgt": t, "direction": direction, "zero_shot": direction in data["zero_shot_pairs"],
+                     "bleu": score, "copy_source_bleu": copy, "sentences": len(hyps), "signature": signature})
+        print(f"[evaluate] {direction}: BLEU {score} (copy-source {copy})", flush=True)
+    if not rows:
+        raise tp.DataError(f"{work / 'ref'}: no test references for any direction")
+    with tp.atomic_write(out / "bleu.csv") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    heatmap(rows, data["langs"], out / "bleu_heatmap.png", cfg["setup"])
+    directions = [r["direction"] for r in rows]
+    by_direction = {r["direction"]: r["bleu"] for r in rows}
+    groups = {}
+    for name, patterns in ev["groups"].items():
+        members = sorted({d for p in patterns for d in group_members(cfg, p, directions)})
+        if members:
+            groups[name] = {"bleu": round(sum(by_direction[d] for d in members) / len(members), 2),
+                            "directions": len(members)}
+    return {"bleu": round(sum(by_direction.values()) / len(rows), 2), "signature": rows[0]["signature"],
+            "metric": "average detokenised sacreBLEU over directions", "groups": groups, "directions": rows}
+
+
+def heatmap(rows, langs, path, title):
+    """Source x target BLEU matrix (the paper's Figures 9-10 style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    used = [lang for lang in langs if any(lang in (r["src"], r["tgt"]) for r in rows)]
+    index = {lang: i for i, lang in enumerate(used)}
+    grid = np.full((len(used), len(used)), np.nan)
+    for r in rows:
+        grid[index[r["src"]], index[r["tgt"]]] = r["bleu"]
+    fig, ax = plt.subplots(figsize=(1 + 0.5 * len(used), 1 + 0.45 * len(used)))
+    image = ax.imshow(grid, cmap="viridis")
+    ax.set_xticks(range(len(used)), used)
+    ax.set_yticks(range(len(used)), used)
+    ax.set_xlabel("target")
+    ax.set_ylabel("source")
+    ax.set_title(f"{title}: sacreBLEU")
+    if len(used) <= 12:
+        for r in rows:
+            mark = "*" if r["zero_shot"] else ""
+            ax.text(index[r["tgt"]], index[r["src"]], f"{r['bleu']:.1f}{mark}", ha="center", va="center",
+                    color="white", fontsize=8)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.rename(path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    parser.add_argument("--arch", help="deepnet | preln | postln (with --layers: finds the run folder)")
+    parser.add_argument("--layers", help="N or N,M")
+    parser.add_argument("--run-dir", help="the run folder (default: from --arch/--layers)")
+    parser.add_argument("--average-last", type=int, help="average the last K checkpoints (default: eval.average_last)")
+    parser.add_argument("--cpu", action="store_true", help="generate on CPU (default when no GPU is visible)")
+    opts = parser.parse_intermixed_args(argv)
+    try:
+        cfg = load(opts.config, opts.overrides)
+        if opts.run_dir:
+            folder = Path(opts.run_dir)
+        elif opts.arch:
+            fairseq_arch(opts.arch, cfg["model"]["size"])
+            layers = parse_layers(opts.layers) if opts.layers else (cfg["model"]["encoder_layers"], cfg["model"]["decoder_layers"])
+            folder = run_dir(cfg, opts.arch, layers)
+        else:
+            raise LaunchError("give --run-dir DIR or --arch A [--layers N,M]")
+        if not (folder / "checkpoints").is_dir():
+            raise LaunchError(f"{folder / 'checkpoints'}: no checkpoints (train first)")
+        train_cfg = json.loads((folder / "config.resolved.json").read_text()) if (folder / "config.resolved.json").exists() else {}
+        arch = opts.arch or folder.parent.name
+        layers = tuple(int(x) for x in folder.name.rstrip("L").split("L-")) if re.match(r"^\d+L-\d+L$", folder.name) else None
+        cpu = opts.cpu
+        if not cpu:
+            import torch
+
+            cpu = not torch.cuda.is_available()
+        start = time.time()
+        out = folder / "eval"
+        out.mkdir(parents=True, exist_ok=True)
+        k = opts.average_last or cfg["eval"]["average_last"]
+        try:
+            chosen = last_checkpoints(folder / "checkpoints", k)
+        except FileNotFoundError as err:
+            raise LaunchError(str(err)) from None
+        averaged = average_checkpoints(chosen, folder / "checkpoints" / f"averaged_last{len(chosen)}.pt")
+        print(f"[evaluate] averaged {len(chosen)} checkpoints: {', '.join(p.name for p in chosen)}", flush=True)
+        evaluate = evaluate_multilingual if cfg["data"]["kind"] == "multilingual" else evaluate_bilingual
+        result = evaluate(cfg, averaged, cpu, out)
+        result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
+                       "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
+                       "deepnorm": deepnorm_record(arch, layers) if layers else None,
+                       "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
+                       "run_dir": str(folder), "wall_time_s": round(time.time() - start, 1),
+                       "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                       "max_update": train_cfg.get("train", {}).get("max_update")})
+        with tp.atomic_write(out / "scores.json") as handle:
+            json.dump(result, handle, indent=1)
+        append_record(cfg["paths"]["results"], result)
+        print(f"[evaluate] BLEU {result['bleu']} ({result['metric']}); copy-source baseline "
+              f"{result.get('copy_source_bleu', '-')}\n[evaluate] signature: {result['signature']}")
+        if "sacrebleu" in result:
+            print(f"[evaluate] detokenised sacreBLEU {result['sacrebleu']} ({result['sacrebleu_signature']})")
+        for name, group in result.get("groups", {}).items():
+            print(f"[evaluate] {name}: {group['bleu']} over {group['directions']} directions")
+    except (ConfigError, LaunchError, tp.DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _updates(checkpoint):
+    match = re.search(r"_(\d+)\.pt$", checkpoint.name)
+    return int(match.group(1)) if match else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Setups: config loading, launch commands (--dry-run), text helpers, IWSLT archive extraction.
+
+Fast tests (no training). The end-to-end pipelines are in test_setup_pipelines.py.
+"""
+
+import re
+import shlex
+
+import pytest
+from conftest import ROOT, SHARED_DATA, run
+
+from deepnet_fairseq.setups import config as cfgmod
+from deepnet_fairseq.setups import launch
+from deepnet_fairseq.setups import textprep as tp
+
+CONFIGS = {name: ROOT / "configs" / f"{name}.yaml" for name in ("iwslt14_de_en", "wmt17_en_de", "opus100", "m2m_102")}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_config_loads_and_marks_assumed_values(name):
+    cfg = cfgmod.load(CONFIGS[name])
+    assert cfg["setup"] == name
+    assert cfg["assumed"], "each setup lists the values the papers do not state"
+    for dotted in cfg["assumed"]:
+        cfgmod.get(cfg, dotted)  # every assumed key exists
+    assert "train.lr" in cfg["assumed"]
+
+
+def test_iwslt_defaults_are_fairseqs_recipe():
+    cfg = cfgmod.load(CONFIGS["iwslt14_de_en"])
+    assert (cfg["prep"]["bpe_merges"], cfg["prep"]["clean_ratio"], cfg["prep"]["clean_max_len"]) == (10000, 1.5, 175)
+    assert cfg["prep"]["lowercase"] is True and cfg["data"]["valid_every"] == 23
+    assert (cfg["train"]["lr"], cfg["train"]["warmup_updates"], cfg["train"]["max_update"]) == (5e-4, 4000, 8000)
+    assert cfg["train"]["adam_betas"] == "(0.9, 0.98)" and cfg["train"]["max_tokens"] == 4096
+    wmt = cfgmod.load(CONFIGS["wmt17_en_de"])
+    assert wmt["prep"]["bpe_merges"] == 40000 and wmt["eval"]["metric"] == "compound_split_bleu"
+    opus = cfgmod.load(CONFIGS["opus100"])
+    assert len(opus["data"]["langs"]) == 100 and len(opus["data"]["lang_pairs"]) == 198  # 99 x 2 English-centric
+    assert "de-fr" in opus["data"]["zero_shot_pairs"] and "de-fr" not in opus["data"]["lang_pairs"]
+    m2m = cfgmod.load(CONFIGS["m2m_102"])
+    assert (m2m["model"]["size"], m2m["model"]["encoder_layers"], m2m["train"]["ddp_backend"]) == ("m2m_102", 100, "fully_sharded")
+
+
+def test_typo_key_is_rejected_with_key_and_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIGS["iwslt14_de_en"].read_text().replace("  warmup_updates: 4000", "  warmup_update: 4000"))
+    with pytest.raises(cfgmod.ConfigError, match=r"bad\.yaml: unknown key 'train\.warmup_update'"):
+        cfgmod.load(bad)
+    proc = run([ROOT / ".venv/bin/python", "-m", "deepnet_fairseq.setups.config", bad, "--get", "train.lr"], check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'train.warmup_update'"]
+
+
+def test_overrides_are_typed_and_checked():
+    cfg = cfgmod.load(CONFIGS["iwslt14_de_en"], ["train.lr=1e-3", "data.test=[test2016]", "model.embed_dim=64"])
+    assert cfg["train"]["lr"] == 1e-3 and cfg["data"]["test"] == ["test2016"] and cfg["model"]["embed_dim"] == 64
+    with pytest.raises(cfgmod.ConfigError, match="key 'train.max_update' must be int"):
+        cfgmod.load(CONFIGS["iwslt14_de_en"], ["train.max_update=many"])
+    with pytest.raises(cfgmod.ConfigError, match="unknown key 'trian'"):
+        cfgmod.load(CONFIGS["iwslt14_de_en"], ["trian.lr=1"])
+    with pytest.raises(cfgmod.ConfigError, match="unknown language 'xx'"):
+        cfgmod.load(CONFIGS["opus100"], ["data.zero_shot_pairs=[de-xx]"])
+
+
+def test_shell_assignments_round_trip():
+    lines = cfgmod.shell_assignments(cfgmod.load(CONFIGS["iwslt14_de_en"]))
+    assert "cfg_train_lr=0.0005" in lines and "cfg_prep_lowercase=1" in lines
+    assert any(line.startswith("cfg_data_test=(IWSLT14.TED.dev2010 ") for line in lines)
+
+
+def test_update_freq_matches_the_effective_batch():
+    cfg = cfgmod.load(CONFIGS["wmt17_en_de"])  # 131072 tokens per update, 4096 per GPU step
+    assert [launch.update_freq(cfg, world) for world in (1, 8, 16, 32)] == [32, 4, 2, 1]
+    with pytest.raises(launch.LaunchError, match="3 processes x train.max_tokens 4096 = 12288 tokens per step "
+                                                 "does not divide train.batch_tokens 131072"):
+        launch.update_freq(cfg, 3)
+
+
+def _dry_run(*args):
+    proc = run(["bash", ROOT / "scripts/train_wmt17.sh", "--dry-run", *args])
+    return [line for line in proc.stdout.splitlines() if not line.startswith("#")], proc.stdout
+
+
+def test_dry_run_prints_multi_node_fp16_commands():
+    commands, text = _dry_run("--arch", "deepnet", "--layers", "100,100", "--gpus", "8", "--nodes", "2",
+                              "--master-addr", "node0")
+    assert "world size 16, update-freq 2" in text and "runs/wmt17_en_de/deepnet/100L-100L" in text
+    assert len(commands) == 2  # one torchrun per node
+    for rank, command in enumerate(commands):
+        argv = shlex.split(command)
+        assert argv[0].endswith("torchrun") and argv[6].endswith("fairseq-train")
+        assert argv[1:6] == ["--nproc_per_node=8", "--nnodes=2", f"--node_rank={rank}", "--master_addr=node0",
+                             "--master_port=29500"]
+        opts = dict(zip(argv[7:], argv[8:]))
+        assert opts["--arch"] == "deepnet_transformer_wmt_en_de" and opts["--encoder-layers"] == "100"
+        assert opts["--update-freq"] == "2" and opts["--distributed-world-size"] == "16"
+        assert opts["--lr"] == "0.0005" and opts["--max-tokens"] == "4096" and opts["--ddp-backend"] == "c10d"
+        assert "--fp16" in argv and "--cpu" not in argv and "--share-all-embeddings" in argv
+
+
+def test_dry_run_single_gpu_postln_and_cpu_gloo():
+    commands, _ = _dry_run("--arch", "postln", "--layers", "6", "--gpus", "1", "train.fp16=false")
+    argv = shlex.split(commands[0])
+    assert argv[0].endswith("fairseq-train") and "--fp16" not in argv
+    assert argv[argv.index("--arch") + 1] == "transformer_wmt_en_de" and argv[argv.index("--update-freq") + 1] == "32"
+    commands, _ = _dry_run("--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2")
+    argv = shlex.split(commands[0])
+    assert argv[0].endswith("torchrun") and "--nproc_per_node=2" in argv and "--cpu" in argv and "--fp16" not in argv
+    tail = " ".join(argv)
+    assert "--distributed-backend gloo --ddp-backend legacy_ddp" in tail and "--distributed-world-size 2" in tail
+
+
+def test_bad_arch_and_bad_gpu_count_fail_with_one_line():
+    for args, message in ((["--arch", "rezero"], "error: --arch 'rezero': unknown (choose deepnet, preln or postln)"),
+                          (["--arch", "deepnet", "--gpus", "3"], "does not divide train.batch_tokens 131072")):
+        proc = run(["bash", ROOT / "scripts/train_wmt17.sh", "--dry-run", *args], check=False)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+        assert message in proc.stderr
+
+
+def test_text_checks_name_the_file(tmp_path):
+    good, short, empty, latin1 = (tmp_path / n for n in ("a.de", "b.en", "c.en", "d.en"))
+    good.write_text("eins\nzwei\n", encoding="utf-8")
+    short.write_text("one\n", encoding="utf-8")
+    empty.write_text("", encoding="utf-8")
+    latin1.write_bytes("one\ntwo \xe4\n".encode("latin-1"))
+    with pytest.raises(tp.DataError, match=re.escape(f"{good}: 2 lines but {short} has 1 (misaligned")):
+        tp.read_parallel(good, short)
+    with pytest.raises(tp.DataError, match=re.escape(f"{empty}: file is empty")):
+        tp.read_parallel(good, empty)
+    with pytest.raises(tp.DataError, match=re.escape(f"{latin1}: not UTF-8 (invalid byte at line 2)")):
+        tp.read_parallel(good, latin1)
+    with pytest.raises(tp.DataError, match="file not found"):
+        tp.read_parallel(good, tmp_path / "missing.en")
+
+
+def test_cleaning_compound_splitting_and_temperature_sampling():
+    src = ["a b c", "a", "a b c d e f g", ""]
+    tgt = ["x y z", "x y", "x", "x"]
+    assert tp.clean_pairs(src, tgt, ratio=1.5, min_len=1, max_len=175) == (["a b c"], ["x y z"])
+    assert tp.compound_split("Ein Rot-Weiß-Foto") == "Ein Rot ##AT##-##AT## Weiß-Foto"  # as perl s///g does
+    assert tp.compound_split("Ein Rot @-@ Foto") == "Ein Rot @ ##AT##-##AT## @ Foto"
+    sample, shares = tp.temperature_sample({"big": ["b"] * 900, "small": ["s"] * 100}, total=1000, temperature=5)
+    # (0.9^0.2, 0.1^0.2) normalised: the small language gets ~39% instead of 10%
+    assert shares["small"] == pytest.approx(0.1**0.2 / (0.1**0.2 + 0.9**0.2))
+    assert sample.count("s") == round(1000 * shares["small"]) and len(sample) == 1000
+
+
+def test_iwslt_archive_extraction(tmp_path):
+    """IWSLT's layout (train.tags + XML dev/test) built from the real IWSLT'14 dev/test text."""
+    data = SHARED_DATA / "iwslt14_de_en"
+    raw = tmp_path / "raw" / "de-en"
+    raw.mkdir(parents=True)
+    texts = {lang: (data / f"tst2010.{lang}").read_text(encoding="utf-8").splitlines()[:40] for lang in ("de", "en")}
+    for lang, lines in texts.items():
+        tags = ["<url>http://www.ted.com/talks/x.html</url>", "<keywords>talks, music</keywords>",
+                "<speaker>Someone</speaker>", "<talkid>1</talkid>", f"<title>Title {lang}</title>",
+                f"<description>About {lang}</description>"]
+        (raw / f"train.tags.de-en.{lang}").write_text("\n".join(tags + lines) + "\n", encoding="utf-8")
+        dev = (data / f"dev2010.{lang}").read_text(encoding="utf-8").splitlines()[:30]
+        segs = [f'<seg id="{i}"> {line} </seg>' for i, line in enumerate(dev, 1)]
+        xml = ['<?xml version="1.0" encoding="UTF-8"?>', "<mteval>", f'<srcset setid="iwslt2010" srclang="{lang}">',
+               '<doc docid="1" genre="lectures">', "<talkid>1</talkid>"] + segs + ["</doc>", "</srcset>", "</mteval>"]
+        (raw / f"IWSLT14.TED.dev2010.de-en.{lang}.xml").write_text("\n".join(xml) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert tp.extract_iwslt_archive(tmp_path / "raw", out, "de", "en") == ["IWSLT14.TED.dev2010"]
+    for lang in ("de", "en"):
+        train = (out / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        assert train == [f"Title {lang}", f"About {lang}"] + texts[lang]
+        dev = (out / f"IWSLT14.TED.dev2010.{lang}").read_text(encoding="utf-8").splitlines()
+        expected = [line.strip().replace("\u2019", "'") for line in
+                    (data / f"dev2010.{lang}").read_text(encoding="utf-8").splitlines()[:30]]
+        assert dev == expected
+    # tokenised and lowercased as fairseq's prepare-iwslt14.sh does (Moses escaping, no dash splitting)
+    assert tp.moses_tokenize(["It's a Test-Case, isn't it?"], "en", lowercase=True) == ["it &apos;s a test-case , isn &apos;t it ?"]
+
+
+def test_prepare_rejects_missing_raw_dir_and_misaligned_text(tmp_path):
+    prepare = ROOT / "scripts/prepare_iwslt14.sh"
+    proc = run(["bash", prepare, "--raw-dir", tmp_path / "nowhere", f"paths.work={tmp_path / 'w'}"], check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"error: --raw-dir {tmp_path / 'nowhere'}: folder not found"
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "train.de").write_text("a\nb\nc\n", encoding="utf-8")
+    (raw / "train.en").write_text("a\nb\n", encoding="utf-8")
+    proc = run(["bash", prepare, "--raw-dir", raw, "data.layout=plain", f"paths.work={tmp_path / 'w'}"], check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {raw / 'train.de'}: 3 lines but {raw / 'train.en'} has 2 (misaligned parallel text)"
+    assert not (tmp_path / "w" / "tok" / ".done").exists()
