@@ -21,6 +21,7 @@ import torch
 from conftest import BIN, ROOT, TINY_MODEL, run
 
 from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
+from deepnet_fairseq.training.checkpoint_integrity import repair_last_checkpoint
 
 MAX_UPDATE = 36
 SAVE_EVERY = 10
@@ -128,10 +129,8 @@ def model_state(path):
 
 
 def test_kill_9_between_and_during_checkpoint_writes_resumes_exactly(small_bin, kill_shim, tmp_path):
-    cmd_ref = train_cmd(small_bin, tmp_path / "reference", kill_shim.parent / kill_shim.name)
-    ref = run(cmd_ref, env={"PYTHONPATH": str(ROOT)})
-    reference = losses(ref.stdout + ref.stderr)
-    assert sorted(reference) == list(range(1, MAX_UPDATE + 1))
+    # the uninterrupted reference run, alongside the interrupted ones (2 cores)
+    ref_proc, ref_log = launch(train_cmd(small_bin, tmp_path / "reference", kill_shim), tmp_path / "ref.log")
 
     save = tmp_path / "interrupted"
     cmd = train_cmd(small_bin, save, kill_shim)
@@ -180,6 +179,10 @@ def test_kill_9_between_and_during_checkpoint_writes_resumes_exactly(small_bin, 
     assert min(final) == 2 * SAVE_EVERY + 1
     seen.update(final)
 
+    assert ref_proc.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    ref_log.close()
+    reference = losses((tmp_path / "ref.log").read_text())
+    assert sorted(reference) == list(range(1, MAX_UPDATE + 1))
     # every update, before and after each resume, logs the loss of the uninterrupted run ...
     assert seen == reference
     # ... and the final parameters are bitwise identical
@@ -237,12 +240,22 @@ def test_fairseq_train_refuses_a_damaged_restore_file(small_bin, kill_shim, tmp_
     assert not (tmp_path / "save" / "checkpoint_last.pt").exists()
 
 
-def test_nothing_complete_to_fall_back_to_is_an_error_naming_the_file(small_bin, kill_shim, tmp_path):
-    save = tmp_path / "save"
-    save.mkdir()
-    (save / "checkpoint_last.pt").write_bytes(b"PK\x03\x04 partial")
-    proc = run(train_cmd(small_bin, save, kill_shim), check=False, env={"PYTHONPATH": str(ROOT)})
-    assert proc.returncode != 0
-    out = proc.stdout + proc.stderr
-    assert f"{save / 'checkpoint_last.pt'}: truncated" in out and "no complete checkpoint" in out
-    assert (save / "checkpoint_last.pt").read_bytes() == b"PK\x03\x04 partial"  # left for the user to inspect
+def test_nothing_complete_to_fall_back_to_is_an_error_naming_the_file(tmp_path):
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes(b"PK\x03\x04 partial")
+    (tmp_path / "checkpoint_1_10.pt").write_bytes(b"")
+    with pytest.raises(CorruptCheckpointError, match=f"{last}: truncated.*no complete checkpoint"):
+        repair_last_checkpoint(str(last))
+    assert last.read_bytes() == b"PK\x03\x04 partial"  # left in place for the user to inspect
+
+
+def test_damaged_last_checkpoint_is_replaced_by_the_newest_complete_one(tmp_path, good_checkpoint):
+    older, newer, last = (tmp_path / n for n in ("checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_last.pt"))
+    older.write_bytes(good_checkpoint.read_bytes())
+    newer.write_bytes(good_checkpoint.read_bytes())
+    os.utime(older, (1, 1))
+    last.write_bytes(good_checkpoint.read_bytes()[:5000])
+    assert repair_last_checkpoint(str(last)) == str(newer)
+    assert last.read_bytes() == newer.read_bytes()
+    assert (tmp_path / "checkpoint_last.pt.corrupt").stat().st_size == 5000
+    assert repair_last_checkpoint(str(last)) is None  # intact now: nothing to do

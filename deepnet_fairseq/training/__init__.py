@@ -1,0 +1,14 @@
+"""Training reliability: exact resume after an interruption and checkpoint integrity checks.
+
+Importing this package registers the ``translation_exact_resume`` task (fairseq's idiom: every
+module here is imported for its registrations).
+"""
+
+import importlib
+import pkgutil
+
+from .checkpoint_integrity import CorruptCheckpointError, verify_checkpoint  # noqa: F401
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "__main__":
+        importlib.import_module(f"{__name__}.{_module.name}")
