@@ -50,11 +50,17 @@ class AdminLayerMixin:
     """``residual * omega + x``, with one ``omega`` per sublayer, taken in forward order."""
 
     def init_admin(self, sublayers):
-        self.admin_omegas = nn.ParameterDict({name: nn.Parameter(torch.ones(self.embed_dim)) for name in sublayers})
+        self.admin_sublayers = tuple(sublayers)  # forward order (a ParameterDict would sort them)
+        for name in sublayers:
+            self.register_parameter(f"admin_omega_{name}", nn.Parameter(torch.ones(self.embed_dim)))
         self.admin_profile = None  # an AdminProfile while profiling
 
+    def admin_omegas(self):
+        """The residual weights, in forward order."""
+        return [getattr(self, f"admin_omega_{name}") for name in self.admin_sublayers]
+
     def forward(self, x, *args, **kwargs):
-        self._next_omega = iter(self.admin_omegas.values())
+        self._next_omega = iter(self.admin_omegas())
         return super().forward(x, *args, **kwargs)
 
     def residual_connection(self, x, residual):

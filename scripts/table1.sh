@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# DeepNet's Table 1 on one fairseq: every method at every depth, BLEU or 'diverged'.
+# Runs scripts/depth_sweep.sh (with --bleu) and writes OUT/table1.csv and OUT/table1.md
+# (rows = methods in the paper's order, columns = depths N=M; mean BLEU over the seeds that trained,
+# 'diverged' when any seed diverged). Finished runs are skipped on a rerun.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${VENV:-$ROOT/.venv}/bin/python"
+METHODS="postln_transformer,dsinit_transformer,admin_transformer,rezero_transformer,tfixup_transformer,preln_transformer,normformer_transformer,subln_transformer,b2t_transformer,deepnet_transformer"
+
+usage() {
+  cat <<USAGE
+Usage: scripts/table1.sh --out DIR [--data BIN_DIR] [--methods a,b,...] [--variant iwslt_de_en]
+                         [--depths 6,18] [--updates 150] [--seeds 1] [--lr 1e-3] [--warmup 10]
+                         [--jobs 1] [--full-shape] [-- extra fairseq-train args]
+
+  --out DIR       output folder (runs/, runs.csv, table1.csv, table1.md)
+  --data BIN_DIR  binarised translation data (default: depth_sweep's small Multi30k de-en set
+                  built from ../shared/data/multi30k_de_en)
+  --methods LIST  model names (default: all ten: $METHODS)
+  --variant V     size variant appended to each name (default: iwslt_de_en; '' for none)
+  --depths LIST   depths N=M (default: 6,18)
+  --updates K     updates per run (default: 150)
+  --seeds LIST    seeds (default: 1)
+  --lr X          peak learning rate, inverse_sqrt (default: 1e-3)
+  --warmup W      warm-up updates (default: 10)
+  --jobs J        runs in parallel, one thread each (default: 1)
+  --full-shape    the variant's own width (default: depth_sweep's CPU-sized d=64 shape)
+Everything after -- goes to fairseq-train.
+USAGE
+}
+
+OUT="" DATA="" VARIANT="iwslt_de_en" DEPTHS="6,18" UPDATES=150 SEEDS=1 LR=1e-3 WARMUP=10 JOBS=1 SHAPE="--tiny"
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --out|--data|--methods|--variant|--depths|--updates|--seeds|--lr|--warmup|--jobs)
+      [[ $# -ge 2 ]] || { echo "table1.sh: $1 needs a value" >&2; exit 2; }
+      case "$1" in
+        --out) OUT="$2" ;; --data) DATA="$2" ;; --methods) METHODS="$2" ;; --variant) VARIANT="$2" ;;
+        --depths) DEPTHS="$2" ;; --updates) UPDATES="$2" ;; --seeds) SEEDS="$2" ;; --lr) LR="$2" ;;
+        --warmup) WARMUP="$2" ;; --jobs) JOBS="$2" ;;
+      esac
+      shift 2 ;;
+    --full-shape) SHAPE="--arch-shape"; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "table1.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$OUT" ]] || { echo "table1.sh: --out DIR is required (see --help)" >&2; exit 2; }
+[[ -x "$PY" ]] || { echo "table1.sh: no virtual environment at ${VENV:-$ROOT/.venv}; run 'make install' first" >&2; exit 1; }
+[[ -x "$ROOT/scripts/depth_sweep.sh" ]] || { echo "table1.sh: missing $ROOT/scripts/depth_sweep.sh" >&2; exit 1; }
+[[ -z "$DATA" || -d "$DATA" ]] || { echo "table1.sh: --data $DATA is not a directory" >&2; exit 1; }
+[[ "$DEPTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "table1.sh: --depths must look like 6,18, got '$DEPTHS'" >&2; exit 2; }
+
+ARCHS=""
+IFS=',' read -ra NAMES <<< "$METHODS"
+for name in "${NAMES[@]}"; do
+  ARCHS+="${ARCHS:+,}${name}${VARIANT:+_$VARIANT}"
+done
+
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+"$ROOT/scripts/depth_sweep.sh" --out "$OUT" ${DATA:+--data "$DATA"} --archs "$ARCHS" --depths "$DEPTHS" \
+  --updates "$UPDATES" --seeds "$SEEDS" --lr "$LR" --warmup "$WARMUP" --jobs "$JOBS" "$SHAPE" --bleu \
+  ${EXTRA[@]+-- "${EXTRA[@]}"}
+
+"$PY" - "$OUT" "$ARCHS" "$DEPTHS" <<'PY'
+"""runs.csv -> Table 1 layout (methods x depths), CSV and Markdown, each written then renamed."""
+import csv
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+out, archs, depths = Path(sys.argv[1]), sys.argv[2].split(","), [int(d) for d in sys.argv[3].split(",")]
+runs = defaultdict(list)
+with open(out / "runs.csv", newline="") as f:
+    for row in csv.DictReader(f):
+        runs[row["arch"], int(row["depth"])].append(row)
+
+
+def cell(rows):
+    if not rows:
+        raise SystemExit(f"table1.sh: runs.csv lacks a run (have {sorted(runs)})")
+    if any(r["diverged"] == "yes" for r in rows):
+        return "diverged"
+    scores = [float(r["bleu"]) for r in rows if r["bleu"] != ""]
+    if len(scores) != len(rows):
+        raise SystemExit(f"table1.sh: a run of {rows[0]['arch']} L{rows[0]['depth']} trained but has no BLEU")
+    return f"{sum(scores) / len(scores):.2f}"
+
+
+header = ["method"] + [f"{d}L-{d}L" for d in depths]
+table = [[a] + [cell(runs[a, d]) for d in depths] for a in archs]
+tmp = out / "table1.csv.tmp"
+with open(tmp, "w", newline="") as f:
+    csv.writer(f).writerows([header] + table)
+os.replace(tmp, out / "table1.csv")
+lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+lines += ["| " + " | ".join(row) + " |" for row in table]
+tmp = out / "table1.md.tmp"
+tmp.write_text("\n".join(lines) + "\n")
+os.replace(tmp, out / "table1.md")
+print("\n".join(lines))
+print(f"table1.sh: wrote {out / 'table1.csv'} and {out / 'table1.md'}")
+PY
