@@ -12,38 +12,43 @@ usage() {
   cat <<USAGE
 Usage: scripts/table1.sh --out DIR [--data BIN_DIR] [--methods a,b,...] [--variant iwslt_de_en]
                          [--depths 6,18] [--updates 150] [--seeds 1] [--lr 1e-3] [--warmup 10]
-                         [--jobs 1] [--full-shape] [-- extra fairseq-train args]
+                         [--max-tokens 600] [--jobs 1] [--full-shape] [--format-only]
+                         [-- extra fairseq-train args]
 
   --out DIR       output folder (runs/, runs.csv, table1.csv, table1.md)
   --data BIN_DIR  binarised translation data (default: depth_sweep's small Multi30k de-en set
                   built from ../shared/data/multi30k_de_en)
   --methods LIST  model names (default: all ten: $METHODS)
   --variant V     size variant appended to each name (default: iwslt_de_en; '' for none)
-  --depths LIST   depths N=M (default: 6,18)
-  --updates K     updates per run (default: 150)
+  --depths LIST   depths N=M (default: 2,12)
+  --updates K     updates per run (default: 60)
   --seeds LIST    seeds (default: 1)
-  --lr X          peak learning rate, inverse_sqrt (default: 1e-3)
-  --warmup W      warm-up updates (default: 10)
+  --lr X          peak learning rate, inverse_sqrt (default: 5e-3, high enough to show instability in few updates)
+  --warmup W      warm-up updates (default: 4)
+  --max-tokens T  tokens per batch (default: 600)
   --jobs J        runs in parallel, one thread each (default: 1)
   --full-shape    the variant's own width (default: depth_sweep's CPU-sized d=64 shape)
+  --format-only   no training: rebuild table1.csv/.md from an existing OUT/runs.csv
 Everything after -- goes to fairseq-train.
 USAGE
 }
 
-OUT="" DATA="" VARIANT="iwslt_de_en" DEPTHS="6,18" UPDATES=150 SEEDS=1 LR=1e-3 WARMUP=10 JOBS=1 SHAPE="--tiny"
+OUT="" DATA="" VARIANT="iwslt_de_en" DEPTHS="2,12" UPDATES=60 SEEDS=1 LR=5e-3 WARMUP=4 MAX_TOKENS=600 JOBS=1
+SHAPE="--tiny" FORMAT_ONLY=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
-    --out|--data|--methods|--variant|--depths|--updates|--seeds|--lr|--warmup|--jobs)
+    --out|--data|--methods|--variant|--depths|--updates|--seeds|--lr|--warmup|--max-tokens|--jobs)
       [[ $# -ge 2 ]] || { echo "table1.sh: $1 needs a value" >&2; exit 2; }
       case "$1" in
         --out) OUT="$2" ;; --data) DATA="$2" ;; --methods) METHODS="$2" ;; --variant) VARIANT="$2" ;;
         --depths) DEPTHS="$2" ;; --updates) UPDATES="$2" ;; --seeds) SEEDS="$2" ;; --lr) LR="$2" ;;
-        --warmup) WARMUP="$2" ;; --jobs) JOBS="$2" ;;
+        --warmup) WARMUP="$2" ;; --max-tokens) MAX_TOKENS="$2" ;; --jobs) JOBS="$2" ;;
       esac
       shift 2 ;;
     --full-shape) SHAPE="--arch-shape"; shift ;;
+    --format-only) FORMAT_ONLY=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "table1.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -61,9 +66,13 @@ for name in "${NAMES[@]}"; do
 done
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-"$ROOT/scripts/depth_sweep.sh" --out "$OUT" ${DATA:+--data "$DATA"} --archs "$ARCHS" --depths "$DEPTHS" \
-  --updates "$UPDATES" --seeds "$SEEDS" --lr "$LR" --warmup "$WARMUP" --jobs "$JOBS" "$SHAPE" --bleu \
-  ${EXTRA[@]+-- "${EXTRA[@]}"}
+if [[ "$FORMAT_ONLY" == 1 ]]; then
+  [[ -f "$OUT/runs.csv" ]] || { echo "table1.sh: --format-only needs $OUT/runs.csv" >&2; exit 1; }
+else
+  "$ROOT/scripts/depth_sweep.sh" --out "$OUT" ${DATA:+--data "$DATA"} --archs "$ARCHS" --depths "$DEPTHS" \
+    --updates "$UPDATES" --seeds "$SEEDS" --lr "$LR" --warmup "$WARMUP" --max-tokens "$MAX_TOKENS" --jobs "$JOBS" "$SHAPE" --bleu \
+    ${EXTRA[@]+-- "${EXTRA[@]}"}
+fi
 
 "$PY" - "$OUT" "$ARCHS" "$DEPTHS" <<'PY'
 """runs.csv -> Table 1 layout (methods x depths), CSV and Markdown, each written then renamed."""
