@@ -1,0 +1,206 @@
+"""``diagnostic_label_smoothed_cross_entropy``: fairseq's label-smoothed cross-entropy (same loss; this
+subclasses it) plus training-stability diagnostics, each off by default and free when off:
+
+  --diag-grad-norms             gnorm_<sublayer>: gradient norm of each sublayer (Pre-LN paper, Fig. 3),
+                                gnorm_total: over all parameters
+  --diag-update-norm-interval K update_norm: ||F(x,theta_t) - F(x,theta_0)|| on a fixed probe batch
+                                every K updates (DeepNet, Figs. 4-5)
+  --diag-ln-inputs              lnin_<sublayer>: mean norm of each sublayer LayerNorm's input (DeepNet, Fig. 3)
+  --divergence-guard            stop on a non-finite loss or gradient, or one beyond the bounds below,
+  --divergence-loss-bound B     naming the update and the sublayer where it started; fairseq's saved
+  --divergence-grad-bound B     checkpoints are left as they were (the last good one stays loadable)
+  --divergence-skip-batch       drop a bad micro-batch's loss instead of stopping (loss checks)
+
+Everything goes through fairseq's metrics (progress bar, JSON log, tensorboard). Values that come
+from the forward pass travel in the logging outputs, which fairseq sums over micro-batches and
+workers; they are divided by their counts in ``reduce_metrics``. Gradient norms are read after
+fairseq's all-reduce, so they are identical on every worker and logged directly. See
+docs/diagnostics.md.
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+
+from ..diagnostics.monitors import (
+    DivergenceError,
+    GradNormMonitor,
+    LayerNormInputMonitor,
+    UpdateNormProbe,
+    locate_divergence,
+)
+
+logger = logging.getLogger(__name__)
+
+LN_PREFIX = "lnin_"
+GRAD_PREFIX = "gnorm_"
+
+
+@dataclass
+class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    diag_grad_norms: bool = field(default=False, metadata={"help": "log the gradient norm of every sublayer"})
+    diag_update_norm_interval: int = field(
+        default=0, metadata={"help": "every K updates, log ||F(x,theta_t)-F(x,theta_0)|| on a fixed probe batch (0: off)"}
+    )
+    diag_ln_inputs: bool = field(default=False, metadata={"help": "log the mean input norm of every sublayer LayerNorm"})
+    divergence_guard: bool = field(
+        default=False, metadata={"help": "stop training on a non-finite (or out-of-bound) loss or gradient norm"}
+    )
+    divergence_loss_bound: float = field(
+        default=0.0, metadata={"help": "with --divergence-guard: a loss per token (base 2) above this diverged (0: off)"}
+    )
+    divergence_grad_bound: float = field(
+        default=0.0, metadata={"help": "with --divergence-guard: a total gradient norm above this diverged (0: off)"}
+    )
+    divergence_skip_batch: bool = field(
+        default=False, metadata={"help": "with --divergence-guard: skip a micro-batch with a bad loss instead of stopping"}
+    )
+
+
+def _current_update():
+    """fairseq's update counter (the trainer logs it to the always-active 'default' aggregator)."""
+    meter = metrics.get_meter("default", "num_updates")
+    return int(getattr(meter, "val", 0) or 0) if meter is not None else 0
+
+
+@register_criterion("diagnostic_label_smoothed_cross_entropy", dataclass=DiagnosticLabelSmoothedCrossEntropyConfig)
+class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(
+        self,
+        task,
+        sentence_avg,
+        label_smoothing,
+        ignore_prefix_size=0,
+        report_accuracy=False,
+        diag_grad_norms=False,
+        diag_update_norm_interval=0,
+        diag_ln_inputs=False,
+        divergence_guard=False,
+        divergence_loss_bound=0.0,
+        divergence_grad_bound=0.0,
+        divergence_skip_batch=False,
+    ):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        for option, value in (("--diag-update-norm-interval", diag_update_norm_interval),
+                              ("--divergence-loss-bound", divergence_loss_bound),
+                              ("--divergence-grad-bound", divergence_grad_bound)):
+            if value < 0 or not math.isfinite(value):
+                raise ValueError(f"{option} must be >= 0 (0 = off), got {value!r}")
+        if (divergence_loss_bound or divergence_grad_bound or divergence_skip_batch) and not divergence_guard:
+            raise ValueError("--divergence-loss-bound/--divergence-grad-bound/--divergence-skip-batch need --divergence-guard")
+        self.diag_grad_norms = diag_grad_norms
+        self.update_norm_interval = diag_update_norm_interval
+        self.diag_ln_inputs = diag_ln_inputs
+        self.guard = divergence_guard
+        self.loss_bound = divergence_loss_bound
+        self.grad_bound = divergence_grad_bound
+        self.skip_batch = divergence_skip_batch
+        self._attached = False
+        self._probe = UpdateNormProbe() if diag_update_norm_interval else None
+        self._probed_update = None
+
+    @property
+    def _needs_hooks(self):
+        return self.diag_grad_norms or self.update_norm_interval or self.diag_ln_inputs or self.guard
+
+    def _attach(self, model):
+        """Hooks are attached at the first training forward (the criterion is built before the model)."""
+        self._attached = True
+        self._grad_monitor = GradNormMonitor(model, self._on_grads) if self.diag_grad_norms or self.guard else None
+        self._ln_monitor = LayerNormInputMonitor(model) if self.diag_ln_inputs else None
+
+    def forward(self, model, sample, reduce=True):
+        if not (model.training and self._needs_hooks):
+            return super().forward(model, sample, reduce=reduce)
+        if not self._attached:
+            self._attach(model)
+        update = _current_update()
+        probe_now = (self._probe is not None and update % self.update_norm_interval == 0
+                     and self._probed_update != update)
+        update_norm = None
+        if probe_now:  # before this update's forward: F(x, theta_update), first micro-batch only
+            self._probed_update = update
+            update_norm = self._probe.measure(model, sample)
+
+        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
+
+        if self.guard:
+            loss, logging_output = self._check_loss(model, sample, loss, sample_size, logging_output, update)
+        if self._probe is not None:  # always present, so every worker's logging outputs have the same keys
+            logging_output["update_norm_sum"] = update_norm or 0.0
+            logging_output["update_norm_n"] = 1 if update_norm is not None else 0
+        if self._ln_monitor is not None:
+            for name, value in self._ln_monitor.collect().items():
+                logging_output[LN_PREFIX + name] = value.item()
+            logging_output["lnin_n"] = 1
+        return loss, sample_size, logging_output
+
+    def _check_loss(self, model, sample, loss, sample_size, logging_output, update):
+        per_token = loss.item() / max(float(sample_size), 1.0) / math.log(2)
+        bad = not math.isfinite(per_token) or (self.loss_bound and per_token > self.loss_bound)
+        logging_output["skipped_batches"] = 0
+        if not bad:
+            return loss, logging_output
+        where = locate_divergence(model, sample)
+        what = f"loss {per_token:.4g} per token" + ("" if math.isfinite(per_token) else " (non-finite)")
+        if self.loss_bound and math.isfinite(per_token):
+            what += f" > --divergence-loss-bound {self.loss_bound:g}"
+        if self.skip_batch:
+            logger.warning(f"divergence guard: update {update + 1}: {what}; {where}; skipping this micro-batch")
+            # zero loss that still reaches every parameter (fairseq's ignore_grad idiom, NaN-safe)
+            zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            logging_output.update(loss=zero.detach(), nll_loss=zero.detach(), skipped_batches=1)
+            return zero, logging_output
+        raise DivergenceError(f"training diverged at update {update + 1}: {what}; {where}. "
+                              "The last saved checkpoint is untouched.")
+
+    def _on_grads(self, norms, total):
+        update = _current_update() + 1
+        if self.diag_grad_norms:
+            for name, value in norms.items():
+                metrics.log_scalar(GRAD_PREFIX + name, value, priority=1000, round=4)
+            metrics.log_scalar(GRAD_PREFIX + "total", total, priority=1000, round=4)  # = fairseq's gnorm (no clip)
+        if not self.guard:
+            return
+        nonfinite = [n for n, v in norms.items() if not math.isfinite(v)]
+        if nonfinite:
+            raise DivergenceError(f"training diverged at update {update}: non-finite gradient, "
+                                  f"first in sublayer {nonfinite[0]}. The last saved checkpoint is untouched.")
+        if self.grad_bound and total > self.grad_bound:
+            top = max(norms, key=norms.get) if norms else "(none)"
+            raise DivergenceError(
+                f"training diverged at update {update}: gradient norm {total:.4g} > --divergence-grad-bound "
+                f"{self.grad_bound:g}; largest in sublayer {top} ({norms.get(top, float('nan')):.4g}). "
+                "The last saved checkpoint is untouched.")
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        if not logging_outputs:
+            return
+
+        def total(key):
+            return sum(float(log.get(key, 0)) for log in logging_outputs)
+
+        n = total("update_norm_n")
+        if n > 0:
+            metrics.log_scalar("update_norm", total("update_norm_sum") / n, priority=900, round=4)
+        n = total("lnin_n")
+        if n > 0:
+            for key in logging_outputs[0]:
+                if key.startswith(LN_PREFIX) and key != "lnin_n":
+                    metrics.log_scalar(key, total(key) / n, priority=1100, round=3)
+        if any("skipped_batches" in log for log in logging_outputs):
+            metrics.log_scalar_sum("skipped_batches", total("skipped_batches"), priority=800, round=0)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,190 @@
+"""Training-stability monitors, attached with torch hooks (nothing of fairseq's forward is copied).
+
+- ``GradNormMonitor``: per-sublayer gradient norms, read in a global optimizer step pre-hook. At that
+  point fairseq has summed the ``--update-freq`` micro-batches, all-reduced across workers and divided
+  by the sample size, so every worker sees the same gradient the optimizer applies. fp16 optimizers
+  either unscale before the step or pass ``scale=`` to it; both are undone here, and fp16's fp32
+  master copies (flat or not) are mapped back to the model's parameters by order.
+  ``--clip-norm`` has already been applied: with clipping on, these are clipped norms.
+- ``LayerNormInputMonitor``: forward pre-hooks on each sublayer's LayerNorm record the mean L2 norm
+  (over positions) of its input.
+- ``UpdateNormProbe``: ``||F(x, theta_t) - F(x, theta_0)||`` on a fixed probe batch, F = the top
+  decoder layer's output (``features_only``), eval mode; only F(x, theta_0) is kept.
+"""
+
+import math
+import weakref
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .sublayers import transformer_sublayers, unwrap
+
+
+class DivergenceError(RuntimeError):
+    """Training diverged; the message names the update and the sublayer where it started."""
+
+
+def _mean_token_norm(x, mask=None):
+    norms = x.detach().float().norm(dim=-1)
+    if mask is not None:
+        return (norms * mask).sum() / mask.sum().clamp(min=1)
+    return norms.mean()
+
+
+class GradNormMonitor:
+    """Calls ``on_grads(norms, total)`` with per-sublayer gradient norms before each optimizer step.
+
+    ``norms`` maps sublayer name -> float (non-finite values are kept); ``total`` is the norm over all
+    of the optimizer's parameters. The hook holds only a weak reference to its owner.
+    """
+
+    def __init__(self, model, on_grads):
+        model = unwrap(model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        owner_of = {}
+        for sub in transformer_sublayers(model):
+            for p in sub.parameters():
+                owner_of.setdefault(id(p), sub.name)
+        self.owners = [owner_of.get(id(p)) for p in self.params]
+        self.names = list(dict.fromkeys(n for n in self.owners if n is not None))
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.on_grads = on_grads
+        self_ref = weakref.ref(self)
+
+        def hook(optimizer, args, kwargs):
+            monitor = self_ref()
+            if monitor is not None:
+                monitor._step_pre_hook(optimizer, kwargs)
+
+        self.handle = register_optimizer_step_pre_hook(hook)
+
+    def remove(self):
+        self.handle.remove()
+
+    def _model_grads(self, optimizer):
+        """(model parameter index, gradient) pairs, or None if this optimizer is not the model's."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if params and all(id(p) in self.index for p in params):  # fp32: the model's own parameters
+            return [(self.index[id(p)], p.grad) for p in params]
+        # fp16: fp32 master copies of (model + criterion) parameters, flat or one per parameter, in order
+        if sum(p.numel() for p in params) < sum(p.numel() for p in self.params) or not params:
+            return None
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+                          for p in params])
+        pairs, offset = [], 0
+        for i, p in enumerate(self.params):
+            pairs.append((i, flat[offset:offset + p.numel()]))
+            offset += p.numel()
+        return pairs
+
+    def _step_pre_hook(self, optimizer, kwargs):
+        pairs = self._model_grads(optimizer)
+        if pairs is None:
+            return
+        scale = kwargs.get("scale", 1.0) or 1.0  # fused fp16 steps receive 1/multiply_factor as scale
+        squares = dict.fromkeys(self.names, 0.0)
+        total = 0.0
+        grads = [(i, g) for i, g in pairs if g is not None]
+        norms = torch.stack([g.detach().float().norm() for _, g in grads]).tolist() if grads else []
+        for (i, _), norm in zip(grads, norms):
+            sq = (norm / scale) ** 2
+            total += sq
+            if self.owners[i] is not None:
+                squares[self.owners[i]] += sq
+        self.on_grads({n: math.sqrt(s) for n, s in squares.items()}, math.sqrt(total))
+
+
+class LayerNormInputMonitor:
+    """Forward pre-hooks on every sublayer LayerNorm; ``collect()`` returns and clears the last values."""
+
+    def __init__(self, model):
+        self.values = {}
+        self.handles = []
+        for sub in transformer_sublayers(model):
+            if sub.layer_norm is None:
+                continue
+            self.handles.append(sub.layer_norm.register_forward_pre_hook(self._hook(sub.name)))
+
+    def _hook(self, name):
+        def hook(module, inputs):
+            if module.training:
+                self.values[name] = _mean_token_norm(inputs[0])
+        return hook
+
+    def collect(self):
+        values, self.values = self.values, {}
+        return values
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+class UpdateNormProbe:
+    """Mean per-token ``||F(x, theta_t) - F(x, theta_0)||`` on the first batch it is given."""
+
+    def __init__(self):
+        self.net_input = None
+        self.mask = None
+        self.initial = None
+
+    @torch.no_grad()
+    def _features(self, model):
+        model = unwrap(model)
+        was_training = model.training
+        model.eval()
+        try:
+            return model(**self.net_input, features_only=True)[0].float()
+        finally:
+            model.train(was_training)
+
+    def measure(self, model, sample):
+        """The update norm now (0.0 at the first call, which fixes the probe batch and F(x, theta_0))."""
+        if self.initial is None:
+            self.net_input = {k: v for k, v in sample["net_input"].items()}
+            pad = unwrap(model).decoder.dictionary.pad()
+            self.mask = self.net_input["prev_output_tokens"].ne(pad).float()
+            self.initial = self._features(model)
+            return 0.0
+        return _mean_token_norm(self._features(model) - self.initial, self.mask).item()
+
+
+@torch.no_grad()
+def locate_divergence(model, sample):
+    """Re-run the forward pass with hooks; name the first sublayer (execution order) whose branch or
+    LayerNorm output is non-finite, else the sublayer with the largest LayerNorm input magnitude."""
+    model = unwrap(model)
+    first_nonfinite, largest = [], {}
+    handles = []
+
+    def watch(name):
+        def hook(module, inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if not first_nonfinite and torch.is_tensor(out) and not torch.isfinite(out).all():
+                first_nonfinite.append(name)
+        return hook
+
+    def watch_ln(name):
+        def hook(module, inputs):
+            largest[name] = _mean_token_norm(inputs[0]).item()
+        return hook
+
+    for sub in transformer_sublayers(model):
+        for module in sub.branch:
+            handles.append(module.register_forward_hook(watch(sub.name)))
+        if sub.layer_norm is not None:
+            handles.append(sub.layer_norm.register_forward_pre_hook(watch_ln(sub.name)))
+            handles.append(sub.layer_norm.register_forward_hook(watch(sub.name)))
+    try:
+        model(**sample["net_input"])
+    finally:
+        for handle in handles:
+            handle.remove()
+    if first_nonfinite:
+        return f"first non-finite output in sublayer {first_nonfinite[0]}"
+    finite = {k: v for k, v in largest.items() if math.isfinite(v)}
+    if finite:
+        name = max(finite, key=finite.get)
+        return f"largest LayerNorm input in sublayer {name} (mean norm {finite[name]:.3g})"
+    return "no sublayer output is non-finite (the loss itself is)"

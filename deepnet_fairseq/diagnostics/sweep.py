@@ -1,0 +1,252 @@
+"""Depth sweep: train architectures at several depths (N = M) and seeds, collect the stability
+diagnostics, write ``runs.csv`` / ``curves.csv`` and the papers' figures. Called by scripts/depth_sweep.sh.
+
+Each run trains with ``diagnostic_label_smoothed_cross_entropy`` (grad norms, LayerNorm inputs and
+the update norm every update, divergence guard on) and logs JSON every update. Finished runs
+(``RUN/.done``) are skipped, so an interrupted sweep resumes where it stopped.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_DIR = ROOT / "deepnet_fairseq"
+BIN = Path(sys.executable).parent
+DEFAULT_RAW = ROOT.parent / "shared" / "data" / "multi30k_de_en"
+DEFAULT_ARCHS = "transformer_iwslt_de_en,preln_transformer_iwslt_de_en,deepnet_transformer_iwslt_de_en"
+# CPU-sized model shape (d=64); anything after `--` comes later on the command line and wins.
+TINY_SHAPE = ("--encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed-dim 128 "
+              "--decoder-ffn-embed-dim 128 --encoder-attention-heads 2 --decoder-attention-heads 2").split()
+RUN_FIELDS = ["arch", "depth", "seed", "updates", "final_train_loss", "valid_loss", "bleu", "diverged", "reason",
+              "wall_s"]
+LOG_LINE = re.compile(r"\| (train_inner|valid|train) \| (\{.*\})\s*$")
+
+
+def parse_list(text, kind, option):
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"depth_sweep: {option} must be a comma-separated list of {kind.__name__}s, got {text!r}")
+    if not values:
+        raise SystemExit(f"depth_sweep: {option} is empty")
+    return values
+
+
+def parse_args(argv):
+    extra = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(
+        prog="depth_sweep.sh",
+        description="Train architectures at several depths (N=M) and seeds; write runs.csv, curves.csv and plots. "
+                    "Extra fairseq-train arguments go after `--` (they override the defaults).")
+    p.add_argument("--data", help="binarised fairseq data dir (default: build a small Multi30k de-en set in OUT/data)")
+    p.add_argument("--archs", default=DEFAULT_ARCHS, help="comma-separated registered arch names (default: %(default)s)")
+    p.add_argument("--depths", default="6,18", help="comma-separated depths, N=M (default: %(default)s)")
+    p.add_argument("--updates", type=int, default=100, help="updates per run (default: %(default)s)")
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate, inverse_sqrt schedule (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up updates (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=1000, help="tokens per batch (default: %(default)s)")
+    p.add_argument("--train-pairs", type=int, default=3000, help="pairs in the default data set (default: %(default)s)")
+    p.add_argument("--bleu", action="store_true", help="also compute test BLEU (greedy) for every run that trained")
+    p.add_argument("--tiny", dest="tiny", action="store_true", default=True,
+                   help="use the CPU-sized d=64 shape (default; pass shape options after -- to change it)")
+    p.add_argument("--arch-shape", dest="tiny", action="store_false", help="use the arch's own shape instead")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel, one thread each (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output directory")
+    args = p.parse_args(argv)
+    args.archs = parse_list(args.archs, str, "--archs")
+    args.depths = parse_list(args.depths, int, "--depths")
+    args.seeds = parse_list(args.seeds, int, "--seeds")
+    if any(d < 1 for d in args.depths):
+        raise SystemExit(f"depth_sweep: --depths must be positive, got {args.depths}")
+    for option in ("updates", "jobs", "max_tokens", "train_pairs"):
+        if getattr(args, option) < 1:
+            raise SystemExit(f"depth_sweep: --{option.replace('_', '-')} must be >= 1")
+    if args.warmup < 0 or not args.lr > 0:
+        raise SystemExit("depth_sweep: --lr must be > 0 and --warmup >= 0")
+    args.extra = extra
+    return args
+
+
+def run_checked(cmd, log_path):
+    with open(log_path, "w") as log:
+        proc = subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    return proc.returncode
+
+
+def child_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def build_default_data(out, pairs):
+    """First `pairs` Multi30k de-en training pairs, 200 valid, 200 test; joined dictionary."""
+    dest = out / "data"
+    if (dest / ".done").exists():
+        return dest / "bin"
+    if not (DEFAULT_RAW / "train.de").exists():
+        raise SystemExit(f"depth_sweep: no --data given and the default raw data is missing: {DEFAULT_RAW}")
+    tmp = out / "data.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for split, src, n in (("train", "train", pairs), ("valid", "valid", 200), ("test", "test2016", 200)):
+        for lang in ("de", "en"):
+            lines = (DEFAULT_RAW / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (tmp / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rc = run_checked([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", tmp / "train",
+                      "--validpref", tmp / "valid", "--testpref", tmp / "test", "--destdir", tmp / "bin",
+                      "--joined-dictionary", "--workers", "1"], tmp / "preprocess.log")
+    if rc != 0:
+        raise SystemExit(f"depth_sweep: fairseq-preprocess failed, see {tmp / 'preprocess.log'}")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    (dest / ".done").touch()
+    return dest / "bin"
+
+
+def parse_log(text):
+    """(per-update train records, last valid record, end-of-epoch train record) from a JSON-format log."""
+    inner, valid = [], None
+    for line in text.splitlines():
+        m = LOG_LINE.search(line)
+        if not m:
+            continue
+        record = json.loads(m.group(2))
+        if m.group(1) == "train_inner":
+            inner.append(record)
+        elif m.group(1) == "valid":
+            valid = record
+    return inner, valid
+
+
+def diverged_reason(text, inner, rc):
+    m = re.search(r"DivergenceError: (.*)", text)
+    if m:
+        return m.group(1).strip()
+    if "FloatingPointError" in text:
+        return "non-finite gradients (fairseq FloatingPointError)"
+    if rc != 0:
+        last = [l for l in text.splitlines() if l.strip()][-1:] or ["?"]
+        return f"exit code {rc}: {last[0][:200]}"
+    losses = [float(r["loss"]) for r in inner if "loss" in r]
+    if losses and not all(math.isfinite(v) for v in losses):
+        return "non-finite loss"
+    return ""
+
+
+def train_one(args, data, arch, depth, seed):
+    run_dir = Path(args.out) / "runs" / f"{arch}_L{depth}_s{seed}"
+    if (run_dir / ".done").exists():
+        return json.loads((run_dir / "result.json").read_text())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    cmd = [BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--task", "translation", "--arch", arch,
+           "--encoder-layers", depth, "--decoder-layers", depth, *(TINY_SHAPE if args.tiny else []),
+           "--share-decoder-input-output-embed",
+           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+           "--lr", args.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", args.warmup,
+           "--warmup-init-lr", "1e-07", "--dropout", "0.1",
+           "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+           "--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard",
+           "--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", seed, "--cpu",
+           "--log-format", "json", "--log-interval", "1", "--save-dir", run_dir / "checkpoints",
+           "--no-epoch-checkpoints", "--no-last-checkpoints", "--num-workers", "0",
+           *([] if args.bleu else ["--no-save"]), *args.extra]
+    (run_dir / "command.txt").write_text(" ".join(map(str, cmd)) + "\n")
+    start = time.time()
+    rc = run_checked(cmd, run_dir / "train.log")
+    wall = time.time() - start
+    text = (run_dir / "train.log").read_text(errors="replace")
+    inner, valid = parse_log(text)
+    reason = diverged_reason(text, inner, rc)
+    if rc != 0 and not reason.startswith(("training diverged", "non-finite")):
+        raise SystemExit(f"depth_sweep: run failed (not a divergence), see {run_dir / 'train.log'}: {reason}")
+    tail = [float(r["loss"]) for r in inner[-10:] if "loss" in r]
+    result = {
+        "arch": arch, "depth": depth, "seed": seed,
+        "updates": int(float(inner[-1]["num_updates"])) if inner else 0,
+        "final_train_loss": round(sum(tail) / len(tail), 4) if tail else "",
+        "valid_loss": float(valid["valid_loss"]) if valid and not reason else "",
+        "bleu": "", "diverged": "yes" if reason else "no", "reason": reason, "wall_s": round(wall, 1),
+    }
+    if args.bleu and not reason:
+        result["bleu"] = bleu(run_dir, data)
+    with open(run_dir / "curves.tmp", "w", newline="") as f:
+        w = csv.writer(f)
+        for r in inner:
+            for key, value in r.items():
+                if key == "loss" or key == "gnorm" or key == "update_norm" or key.startswith(("gnorm_", "lnin_")):
+                    w.writerow([arch, depth, seed, int(float(r["num_updates"])), key, value])
+    os.replace(run_dir / "curves.tmp", run_dir / "curves.csv")
+    (run_dir / "result.json").write_text(json.dumps(result))
+    (run_dir / ".done").touch()
+    return result
+
+
+def bleu(run_dir, data):
+    gen_log = run_dir / "generate.log"
+    rc = run_checked([BIN / "fairseq-generate", data, "--user-dir", USER_DIR, "--path",
+                      run_dir / "checkpoints" / "checkpoint_best.pt", "--gen-subset", "test", "--beam", "1",
+                      "--max-tokens", "4000", "--cpu", "--scoring", "sacrebleu"], gen_log)
+    m = re.search(r"BLEU = ([0-9.]+)", gen_log.read_text(errors="replace")) if rc == 0 else None
+    return float(m.group(1)) if m else ""
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.data:
+        data = Path(args.data)
+        if not (data / "dict.de.txt").exists() and not list(data.glob("dict.*.txt")):
+            raise SystemExit(f"depth_sweep: --data {data} is not a binarised fairseq data dir (no dict.*.txt)")
+    else:
+        data = build_default_data(out, args.train_pairs)
+    grid = [(a, d, s) for a in args.archs for d in args.depths for s in args.seeds]
+    start = time.time()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(lambda job: train_one(args, data, *job), grid))
+    for r in results:
+        print(f"{r['arch']:40s} L{r['depth']:<4d} seed {r['seed']}: updates {r['updates']}, "
+              f"train loss {r['final_train_loss']}, valid loss {r['valid_loss']}, diverged {r['diverged']} "
+              f"{r['reason']}", flush=True)
+    write_csv(out / "runs.csv", RUN_FIELDS, [[r[k] for k in RUN_FIELDS] for r in results])
+    rows = []
+    for a, d, s in grid:
+        with open(out / "runs" / f"{a}_L{d}_s{s}" / "curves.csv", newline="") as f:
+            rows.extend(csv.reader(f))
+    write_csv(out / "curves.csv", ["arch", "depth", "seed", "update", "metric", "value"], rows)
+    if __package__:
+        from .plots import plot_all
+    else:  # run as a file by scripts/depth_sweep.sh, which keeps the package's heavy imports out of --help
+        from plots import plot_all
+    for path in plot_all(out / "runs.csv", out / "curves.csv", out, args.warmup):
+        print(f"wrote {path}")
+    print(f"depth_sweep: {len(grid)} runs in {time.time() - start:.0f} s; wrote {out / 'runs.csv'}, {out / 'curves.csv'}")
+
+
+def write_csv(path, header, rows):
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

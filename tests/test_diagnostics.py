@@ -1,0 +1,210 @@
+"""Stability diagnostics: the numbers behind the papers' claims on a tiny model, hook correctness,
+and the criterion end to end through fairseq-train (loss unchanged, --update-freq, divergence guard)."""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from conftest import BIN, TINY_MODEL, USER_DIR, run
+
+POST_LN, PRE_LN, DEEPNET = "transformer_iwslt_de_en", "preln_transformer_iwslt_de_en", "deepnet_transformer_iwslt_de_en"
+
+
+def build(data, arch, depth, *extra):
+    """fairseq's own build path (as fairseq-train): task, model, diagnostic criterion, first batches."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--user-dir", USER_DIR, "--arch", arch, "--encoder-layers", str(depth),
+        "--decoder-layers", str(depth), *TINY_MODEL, "--dropout", "0.0", "--cpu", "--seed", "1",
+        "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.1", *extra])
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.set_torch_seed(1)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    batches = task.get_batch_iterator(task.dataset("train"), max_tokens=800, seed=1).next_epoch_itr(shuffle=False)
+    return model, criterion, [next(batches) for _ in range(3)]
+
+
+def grads_at_init(data, arch, depth):
+    from deepnet_fairseq.diagnostics.monitors import GradNormMonitor
+
+    torch.set_num_threads(1)
+    model, criterion, samples = build(data, arch, depth)
+    seen = {}
+    monitor = GradNormMonitor(model, lambda norms, total: seen.update(norms, total=total))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss, sample_size, _ = criterion(model, samples[0])
+    (loss / sample_size).backward()
+    optimizer.step()
+    monitor.remove()
+    direct = torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]).norm().item()
+    return seen, direct
+
+
+def test_grad_norm_by_layer_grows_toward_the_top_for_postln_and_is_flat_for_preln(multi30k_bin):
+    depth = 6
+    post, post_direct = grads_at_init(multi30k_bin, POST_LN, depth)
+    pre, _ = grads_at_init(multi30k_bin, PRE_LN, depth)
+    assert post["total"] == pytest.approx(post_direct, rel=1e-5)  # the hook sees the gradient torch computed
+    post_dec = [post[f"dec{i}_ffn"] for i in range(depth)]
+    pre_dec = [pre[f"dec{i}_ffn"] for i in range(depth)]
+    pre_enc = [pre[f"enc{i}_ffn"] for i in range(depth)]
+    print("Post-LN decoder FFN", post_dec, "\nPre-LN decoder FFN", pre_dec, "\nPre-LN encoder FFN", pre_enc)
+    # Post-LN (Xiong et al. Fig. 3): larger toward the output, mostly monotone
+    assert post_dec[-1] / post_dec[0] > 3
+    assert sum(b > a for a, b in zip(post_dec, post_dec[1:])) >= depth - 2
+    # Pre-LN: flat within a bound, and not growing toward the top
+    assert max(pre_dec) / min(pre_dec) < 2.5
+    assert pre_dec[-1] / pre_dec[0] < 1.5 and pre_enc[-1] / pre_enc[0] < 1.5
+
+
+def update_norm_after(data, arch, depth, steps=2, lr=1e-3):
+    from deepnet_fairseq.diagnostics.monitors import UpdateNormProbe
+
+    torch.set_num_threads(1)
+    model, criterion, samples = build(data, arch, depth)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    probe = UpdateNormProbe()
+    assert probe.measure(model, samples[0]) == 0.0
+    for sample in samples[:steps]:
+        optimizer.zero_grad()
+        loss, sample_size, _ = criterion(model, sample)
+        (loss / sample_size).backward()
+        optimizer.step()
+    return probe.measure(model, samples[1])  # the probe batch stays the first one
+
+
+def test_update_norm_grows_with_depth_more_for_postln_than_deepnet(multi30k_bin):
+    ratio = {}
+    for arch in (POST_LN, DEEPNET):
+        shallow, deep = update_norm_after(multi30k_bin, arch, 2), update_norm_after(multi30k_bin, arch, 8)
+        ratio[arch] = deep / shallow
+        print(arch, "update norm after 2 updates: 2L", shallow, "8L", deep)
+    assert ratio[POST_LN] > 1.2 * ratio[DEEPNET]
+
+
+def test_logging_outputs_are_averaged_over_microbatches_and_workers(multi30k_bin):
+    """Two micro-batches of one update: the probe runs once; LayerNorm inputs average, never sum."""
+    from fairseq import metrics
+
+    model, criterion, samples = build(multi30k_bin, POST_LN, 2, "--diag-update-norm-interval", "1", "--diag-ln-inputs")
+    model.train()
+    outputs = [criterion(model, s)[2] for s in samples[:2]]  # same update number: first micro-batch probes
+    assert [o["update_norm_n"] for o in outputs] == [1, 0]
+    assert outputs[0]["update_norm_sum"] == 0.0  # theta_t == theta_0 at update 0
+    worker2 = [dict(o, update_norm_sum=o["update_norm_sum"] + 4.0 * o["update_norm_n"]) for o in outputs]
+    with metrics.aggregate(new_root=True) as agg:
+        type(criterion).reduce_metrics(outputs + worker2)  # what fairseq hands over after its all-reduce
+        values = agg.get_smoothed_values()
+    assert values["update_norm"] == pytest.approx(2.0, abs=1e-3)  # (0 + 4) / 2 probes
+    expected = sum(o["lnin_dec1_ffn"] for o in outputs) / 2
+    assert values["lnin_dec1_ffn"] == pytest.approx(expected, rel=1e-3)
+    assert 1.0 < values["lnin_dec1_ffn"] < 100.0
+
+
+def test_fp16_master_copy_and_step_scale_are_undone():
+    """fp16 optimizers hold one flat fp32 copy of all grads and may pass the unscale factor to step()."""
+    from deepnet_fairseq.diagnostics.monitors import GradNormMonitor
+
+    class FlatOptimizer(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self, closure=None, scale=1.0):
+            return None
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+
+    model = Model()
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    flat = torch.nn.Parameter(torch.zeros(sum(g.numel() for g in grads)))
+    flat.grad = torch.cat([g.reshape(-1) for g in grads]) * 8.0  # still multiplied by 8
+    seen = {}
+    monitor = GradNormMonitor(model, lambda norms, total: seen.update(total=total))
+    FlatOptimizer([flat]).step(scale=8.0)
+    monitor.remove()
+    assert seen["total"] == pytest.approx(torch.cat([g.reshape(-1) for g in grads]).norm().item(), rel=1e-5)
+
+
+def test_skip_batch_drops_a_bad_microbatch(multi30k_bin):
+    model, criterion, samples = build(multi30k_bin, POST_LN, 1, "--divergence-guard",
+                                      "--divergence-loss-bound", "0.5", "--divergence-skip-batch")
+    model.train()
+    loss, _, logging_output = criterion(model, samples[0])  # every loss is > 0.5 bits at init
+    loss.backward()
+    assert logging_output["skipped_batches"] == 1 and float(loss) == 0.0
+    assert all(float(p.grad.abs().max()) == 0.0 for p in model.parameters() if p.grad is not None)
+
+
+def train_log(data, save_dir, *extra, check=True):
+    proc = run([BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--arch", POST_LN, "--encoder-layers", "2",
+                "--decoder-layers", "2", *TINY_MODEL, "--optimizer", "adam", "--lr", "1e-3",
+                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4", "--label-smoothing", "0.1",
+                "--max-tokens", "500", "--seed", "1", "--cpu", "--log-format", "json", "--log-interval", "1",
+                "--num-workers", "0", "--save-dir", save_dir, *extra], check=check)
+    records = [json.loads(line[line.index("{"):]) for line in (proc.stdout + proc.stderr).splitlines()
+               if "| train_inner |" in line]
+    return proc, records
+
+
+def test_hooks_leave_the_loss_unchanged_and_see_the_summed_gradient_with_update_freq(multi30k_bin, tmp_path):
+    common = ["--max-update", "3", "--update-freq", "2", "--no-save", "--dropout", "0.1"]
+    _, plain = train_log(multi30k_bin, tmp_path / "plain", "--criterion", "label_smoothed_cross_entropy", *common)
+    _, diag = train_log(multi30k_bin, tmp_path / "diag", "--criterion", "diagnostic_label_smoothed_cross_entropy",
+                        "--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1",
+                        "--divergence-guard", *common)
+    assert len(plain) == len(diag) == 3
+    for a, b in zip(plain, diag):
+        assert (a["loss"], a["nll_loss"], a["gnorm"]) == (b["loss"], b["nll_loss"], b["gnorm"])
+        # the monitor reads the gradient fairseq steps with: summed over both micro-batches, normalised
+        assert float(b["gnorm_total"]) == pytest.approx(float(b["gnorm"]), rel=2e-3)
+        sublayers = [float(v) for k, v in b.items() if k.startswith("gnorm_") and k != "gnorm_total"]
+        assert len(sublayers) == 2 * 2 + 2 * 3
+        assert math.sqrt(sum(v * v for v in sublayers)) < float(b["gnorm_total"])
+    assert float(diag[0]["update_norm"]) == 0.0 and float(diag[2]["update_norm"]) > 0.0
+
+
+def test_divergence_guard_stops_a_postln_run_with_a_huge_lr_and_keeps_the_last_checkpoint(multi30k_bin, tmp_path):
+    from fairseq import checkpoint_utils
+
+    import deepnet_fairseq  # noqa: F401  (allow-lists fairseq's checkpoint classes)
+
+    save = tmp_path / "ckpt"
+    proc, records = train_log(multi30k_bin, save, "--criterion", "diagnostic_label_smoothed_cross_entropy",
+                              "--lr", "3", "--warmup-updates", "1", "--max-update", "40",
+                              "--save-interval-updates", "2", "--no-epoch-checkpoints",
+                              "--divergence-guard", "--divergence-grad-bound", "50", "--divergence-loss-bound", "30",
+                              check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    match = re.search(r"DivergenceError: training diverged at update (\d+): .* sublayer (enc|dec)\d+_(attn|cross|ffn)",
+                      output)
+    assert match, output[-3000:]
+    bad_update = int(match.group(1))
+    assert len(records) == bad_update - 1
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
+    saved_update = state["optimizer_history"][-1]["num_updates"]
+    assert 2 <= saved_update < bad_update and saved_update % 2 == 0
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_depth_sweep_script_rejects_bad_input(tmp_path):
+    proc = run(["bash", "scripts/depth_sweep.sh", "--help"], cwd=USER_DIR + "/..")
+    assert "--archs" in proc.stdout and "--depths" in proc.stdout
+    proc = run(["bash", "scripts/depth_sweep.sh", "--depths", "6,x", "--out", tmp_path], cwd=USER_DIR + "/..",
+               check=False)
+    assert proc.returncode != 0 and "--depths must be a comma-separated list of ints" in proc.stderr
+    proc = run(["bash", "scripts/depth_sweep.sh", "--data", tmp_path, "--out", tmp_path / "o"], cwd=USER_DIR + "/..",
+               check=False)
+    assert proc.returncode != 0 and "not a binarised fairseq data dir" in proc.stderr
