@@ -41,14 +41,13 @@ def test_iwslt_defaults_are_fairseqs_recipe():
     assert (m2m["model"]["size"], m2m["model"]["encoder_layers"], m2m["train"]["ddp_backend"]) == ("m2m_102", 100, "fully_sharded")
 
 
-def test_typo_key_is_rejected_with_key_and_file(tmp_path):
+def test_typo_key_is_rejected_with_key_and_file(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(CONFIGS["iwslt14_de_en"].read_text().replace("  warmup_updates: 4000", "  warmup_update: 4000"))
     with pytest.raises(cfgmod.ConfigError, match=r"bad\.yaml: unknown key 'train\.warmup_update'"):
         cfgmod.load(bad)
-    proc = run([ROOT / ".venv/bin/python", "-m", "deepnet_fairseq.setups.config", bad, "--get", "train.lr"], check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"error: {bad}: unknown key 'train.warmup_update'"]
+    assert cfgmod.main([str(bad), "--get", "train.lr"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {bad}: unknown key 'train.warmup_update'"]
 
 
 def test_overrides_are_typed_and_checked():
@@ -81,7 +80,14 @@ def _dry_run(*args):
     return [line for line in proc.stdout.splitlines() if not line.startswith("#")], proc.stdout
 
 
+def _dry_run_in_process(capsys, *args):
+    assert launch.main([str(CONFIGS["wmt17_en_de"]), "--dry-run", *args]) == 0
+    text = capsys.readouterr().out
+    return [line for line in text.splitlines() if not line.startswith("#")], text
+
+
 def test_dry_run_prints_multi_node_fp16_commands():
+    """Through the user's script: one torchrun command per node with fp16 and the derived update-freq."""
     commands, text = _dry_run("--arch", "deepnet", "--layers", "100,100", "--gpus", "8", "--nodes", "2",
                               "--master-addr", "node0")
     assert "world size 16, update-freq 2" in text and "runs/wmt17_en_de/deepnet/100L-100L" in text
@@ -98,24 +104,25 @@ def test_dry_run_prints_multi_node_fp16_commands():
         assert "--fp16" in argv and "--cpu" not in argv and "--share-all-embeddings" in argv
 
 
-def test_dry_run_single_gpu_postln_and_cpu_gloo():
-    commands, _ = _dry_run("--arch", "postln", "--layers", "6", "--gpus", "1", "train.fp16=false")
+def test_dry_run_single_gpu_postln_and_cpu_gloo(capsys):
+    commands, _ = _dry_run_in_process(capsys, "--arch", "postln", "--layers", "6", "--gpus", "1", "train.fp16=false")
     argv = shlex.split(commands[0])
     assert argv[0].endswith("fairseq-train") and "--fp16" not in argv
     assert argv[argv.index("--arch") + 1] == "transformer_wmt_en_de" and argv[argv.index("--update-freq") + 1] == "32"
-    commands, _ = _dry_run("--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2")
+    commands, _ = _dry_run_in_process(capsys, "--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2")
     argv = shlex.split(commands[0])
     assert argv[0].endswith("torchrun") and "--nproc_per_node=2" in argv and "--cpu" in argv and "--fp16" not in argv
     tail = " ".join(argv)
     assert "--distributed-backend gloo --ddp-backend legacy_ddp" in tail and "--distributed-world-size 2" in tail
 
 
-def test_bad_arch_and_bad_gpu_count_fail_with_one_line():
+def test_bad_arch_and_bad_gpu_count_fail_with_one_line(capsys):
     for args, message in ((["--arch", "rezero"], "error: --arch 'rezero': unknown (choose deepnet, preln or postln)"),
-                          (["--arch", "deepnet", "--gpus", "3"], "does not divide train.batch_tokens 131072")):
-        proc = run(["bash", ROOT / "scripts/train_wmt17.sh", "--dry-run", *args], check=False)
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-        assert message in proc.stderr
+                          (["--arch", "deepnet", "--gpus", "3"], "does not divide train.batch_tokens 131072"),
+                          (["--arch", "deepnet", "--layers", "0,6"], "error: --layers '0,6': expected N or N,M")):
+        assert launch.main([str(CONFIGS["wmt17_en_de"]), "--dry-run", *args]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and message in err
 
 
 def test_text_checks_name_the_file(tmp_path):
@@ -138,7 +145,8 @@ def test_cleaning_compound_splitting_and_temperature_sampling():
     src = ["a b c", "a", "a b c d e f g", ""]
     tgt = ["x y z", "x y", "x", "x"]
     assert tp.clean_pairs(src, tgt, ratio=1.5, min_len=1, max_len=175) == (["a b c"], ["x y z"])
-    assert tp.compound_split("Ein Rot-Weiß-Foto") == "Ein Rot ##AT##-##AT## Weiß-Foto"  # as perl s///g does
+    assert tp.compound_split("Ein Rot-Weiß-Foto") == "Ein Rot ##AT##-##AT## Weiß ##AT##-##AT## Foto"
+    assert tp.compound_split("a-b-c") == "a ##AT##-##AT## b-c"  # matches do not overlap, as with perl s///g
     assert tp.compound_split("Ein Rot @-@ Foto") == "Ein Rot @ ##AT##-##AT## @ Foto"
     sample, shares = tp.temperature_sample({"big": ["b"] * 900, "small": ["s"] * 100}, total=1000, temperature=5)
     # (0.9^0.2, 0.1^0.2) normalised: the small language gets ~39% instead of 10%

@@ -50,24 +50,19 @@ class Step:
         self.folder, self.name = Path(folder), name
         self.marker = self.folder / ".done"
 
-    def __enter__(self):
-        self.start = time.time()
-        return self
-
     def done(self):
+        """True (and says so) if finished earlier; otherwise starts the clock."""
         if self.marker.exists():
             log(f"{self.name}: already done ({self.folder}), skipping")
             return True
         log(f"{self.name} ...")
+        self.start = time.time()
         return False
 
     def finish(self):
         self.marker.parent.mkdir(parents=True, exist_ok=True)
         self.marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))
         log(f"{self.name}: done in {time.time() - self.start:.1f}s")
-
-    def __exit__(self, *exc):
-        return False
 
 
 def check_fingerprint(cfg, work, raw_dir):
@@ -96,30 +91,29 @@ def download(cfg, work):
     folder = work / "download"
     raw = folder / "raw"
     step = Step(raw, "download and extract")
-    with step:
-        if step.done():
-            return raw
-        for item in downloads:
-            url, sha = item["url"], item.get("sha256")
-            target = folder / url.rsplit("/", 1)[-1]
-            if not target.exists():
-                log(f"downloading {url}")
-                tmp = target.with_name(target.name + ".part")
-                folder.mkdir(parents=True, exist_ok=True)
-                try:
-                    with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
-                        shutil.copyfileobj(response, out, length=1 << 20)
-                except OSError as err:
-                    raise tp.DataError(f"{url}: download failed ({err}); download it yourself and use --raw-dir") from None
-                tmp.rename(target)
-            if sha:
-                digest = hashlib.sha256(target.read_bytes()).hexdigest()
-                if digest != sha:
-                    raise tp.DataError(f"{target}: sha256 {digest} does not match the config's {sha}")
-            log(f"extracting {target.name}")
-            with tarfile.open(target) as archive:
-                archive.extractall(raw, filter="data")
-        step.finish()
+    if step.done():
+        return raw
+    for item in downloads:
+        url, sha = item["url"], item.get("sha256")
+        target = folder / url.rsplit("/", 1)[-1]
+        if not target.exists():
+            log(f"downloading {url}")
+            tmp = target.with_name(target.name + ".part")
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+                    shutil.copyfileobj(response, out, length=1 << 20)
+            except OSError as err:
+                raise tp.DataError(f"{url}: download failed ({err}); download it yourself and use --raw-dir") from None
+            tmp.rename(target)
+        if sha:
+            digest = hashlib.sha256(target.read_bytes()).hexdigest()
+            if digest != sha:
+                raise tp.DataError(f"{target}: sha256 {digest} does not match the config's {sha}")
+        log(f"extracting {target.name}")
+        with tarfile.open(target) as archive:
+            archive.extractall(raw, filter="data")
+    step.finish()
     return raw
 
 
@@ -151,14 +145,13 @@ def prepare_bilingual(cfg, raw_dir, work, workers):
     if data["layout"] in ("iwslt_archive", "wmt_archives"):
         extracted = work / "extracted"
         step = Step(extracted, f"extract text from the {data['layout']} layout")
-        with step:
-            if not step.done():
-                if data["layout"] == "iwslt_archive":
-                    names = tp.extract_iwslt_archive(raw_dir, extracted, src, tgt)
-                else:
-                    names = tp.extract_sgm_sets(raw_dir, extracted)
-                log(f"extracted sets: {', '.join(names) or '(none)'}")
-                step.finish()
+        if not step.done():
+            if data["layout"] == "iwslt_archive":
+                names = tp.extract_iwslt_archive(raw_dir, extracted, src, tgt)
+            else:
+                names = tp.extract_sgm_sets(raw_dir, extracted)
+            log(f"extracted sets: {', '.join(names) or '(none)'}")
+            step.finish()
         folders = [extracted, raw_dir]
     if not data["test"]:
         raise tp.DataError(f"{cfg['setup']}: data.test is empty")
@@ -171,44 +164,42 @@ def prepare_bilingual(cfg, raw_dir, work, workers):
 
     tok, ref = work / "tok", work / "ref"
     step = Step(tok, "tokenise and clean")
-    with step:
-        if not step.done():
-            splits = {}
-            train = _read_sets(data["train"], src, tgt, folders, prep["max_train_lines"])
-            log(f"train: {len(train[0])} pairs read")
-            train_tok = tp.clean_pairs(tokenize(train[0], src), tokenize(train[1], tgt), prep["clean_ratio"],
-                                       prep["clean_min_len"], prep["clean_max_len"])
-            log(f"train: {len(train_tok[0])} pairs after cleaning (ratio {prep['clean_ratio']}, "
-                f"length {prep['clean_min_len']}-{prep['clean_max_len']})")
-            if data["valid"]:
-                valid = _read_sets(data["valid"], src, tgt, folders)
-                splits["valid"] = (tokenize(valid[0], src), tokenize(valid[1], tgt))
-                splits["train"] = train_tok
-            else:  # fairseq: every n-th cleaned training pair is held out
-                n = data["valid_every"]
-                splits["valid"] = tuple([x for i, x in enumerate(side, 1) if i % n == 0] for side in train_tok)
-                splits["train"] = tuple([x for i, x in enumerate(side, 1) if i % n != 0] for side in train_tok)
-            test = _read_sets(data["test"], src, tgt, folders)
-            splits["test"] = (tokenize(test[0], src), tokenize(test[1], tgt))
-            for lang, lines in zip((src, tgt), test):
-                tp.write_lines(ref / f"test.{lang}", lines)
-            for split, (s, t) in splits.items():
-                tp.write_lines(tok / f"{split}.{src}", s)
-                tp.write_lines(tok / f"{split}.{tgt}", t)
-                log(f"{split}: {len(s)} pairs")
-            step.finish()
+    if not step.done():
+        splits = {}
+        train = _read_sets(data["train"], src, tgt, folders, prep["max_train_lines"])
+        log(f"train: {len(train[0])} pairs read")
+        train_tok = tp.clean_pairs(tokenize(train[0], src), tokenize(train[1], tgt), prep["clean_ratio"],
+                                   prep["clean_min_len"], prep["clean_max_len"])
+        log(f"train: {len(train_tok[0])} pairs after cleaning (ratio {prep['clean_ratio']}, "
+            f"length {prep['clean_min_len']}-{prep['clean_max_len']})")
+        if data["valid"]:
+            valid = _read_sets(data["valid"], src, tgt, folders)
+            splits["valid"] = (tokenize(valid[0], src), tokenize(valid[1], tgt))
+            splits["train"] = train_tok
+        else:  # fairseq: every n-th cleaned training pair is held out
+            n = data["valid_every"]
+            splits["valid"] = tuple([x for i, x in enumerate(side, 1) if i % n == 0] for side in train_tok)
+            splits["train"] = tuple([x for i, x in enumerate(side, 1) if i % n != 0] for side in train_tok)
+        test = _read_sets(data["test"], src, tgt, folders)
+        splits["test"] = (tokenize(test[0], src), tokenize(test[1], tgt))
+        for lang, lines in zip((src, tgt), test):
+            tp.write_lines(ref / f"test.{lang}", lines)
+        for split, (s, t) in splits.items():
+            tp.write_lines(tok / f"{split}.{src}", s)
+            tp.write_lines(tok / f"{split}.{tgt}", t)
+            log(f"{split}: {len(s)} pairs")
+        step.finish()
 
     bpe = work / "bpe"
     step = Step(bpe, f"joint BPE ({prep['bpe_merges']} merges, subword-nmt)")
-    with step:
-        if not step.done():
-            train = [tp.read_lines(tok / f"train.{lang}") for lang in (src, tgt)]
-            tp.learn_bpe(train[0] + train[1], bpe / "codes", prep["bpe_merges"])
-            for split in ("train", "valid", "test"):
-                for lang in (src, tgt):
-                    lines = tp.read_lines(tok / f"{split}.{lang}")
-                    tp.write_lines(bpe / f"{split}.{lang}", tp.apply_bpe(lines, bpe / "codes", workers))
-            step.finish()
+    if not step.done():
+        train = [tp.read_lines(tok / f"train.{lang}") for lang in (src, tgt)]
+        tp.learn_bpe(train[0] + train[1], bpe / "codes", prep["bpe_merges"])
+        for split in ("train", "valid", "test"):
+            for lang in (src, tgt):
+                lines = tp.read_lines(tok / f"{split}.{lang}")
+                tp.write_lines(bpe / f"{split}.{lang}", tp.apply_bpe(lines, bpe / "codes", workers))
+        step.finish()
 
 
 def binarize_bilingual(cfg, work, workers, dry_run=False):
@@ -291,38 +282,36 @@ def prepare_multilingual(cfg, raw_dir, work, workers):
                 a, b = a[: prep["max_train_lines"]], b[: prep["max_train_lines"]]
             raw[(split, corpus)] = (a, b)
     step = Step(spm_dir, f"joint SentencePiece ({prep['spm_vocab_size']} pieces, temperature {prep['spm_sample_temperature']})")
-    with step:
-        if not step.done():
-            per_lang = {}
-            for (split, corpus), sides in raw.items():
-                if split == "train":
-                    for lang, lines in zip(corpus.split("-"), sides):
-                        per_lang.setdefault(lang, []).extend(lines)
-            sample, shares = tp.temperature_sample(per_lang, prep["spm_sample_sentences"],
-                                                   prep["spm_sample_temperature"], seed=cfg["train"]["seed"])
-            log("SentencePiece training text shares: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(shares.items())))
-            tp.train_sentencepiece(sample, spm_dir / "spm", prep["spm_vocab_size"], prep["spm_model_type"],
-                                   prep["spm_character_coverage"], seed=cfg["train"]["seed"])
-            tp.sentencepiece_fairseq_dict(spm_dir / "spm.model", spm_dir / "dict.txt")
-            step.finish()
+    if not step.done():
+        per_lang = {}
+        for (split, corpus), sides in raw.items():
+            if split == "train":
+                for lang, lines in zip(corpus.split("-"), sides):
+                    per_lang.setdefault(lang, []).extend(lines)
+        sample, shares = tp.temperature_sample(per_lang, prep["spm_sample_sentences"],
+                                               prep["spm_sample_temperature"], seed=cfg["train"]["seed"])
+        log("SentencePiece training text shares: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(shares.items())))
+        tp.train_sentencepiece(sample, spm_dir / "spm", prep["spm_vocab_size"], prep["spm_model_type"],
+                               prep["spm_character_coverage"])
+        tp.sentencepiece_fairseq_dict(spm_dir / "spm.model", spm_dir / "dict.txt")
+        step.finish()
     step = Step(text, "SentencePiece-encode every corpus")
-    with step:
-        if not step.done():
-            model = spm_dir / "spm.model"
-            for (split, corpus), (a, b) in raw.items():
-                la, lb = corpus.split("-")
-                enc_a, enc_b = tp.sentencepiece_encode(a, model), tp.sentencepiece_encode(b, model)
-                if split == "train":
-                    before = len(enc_a)
-                    enc_a, enc_b = tp.clean_pairs(enc_a, enc_b, prep["clean_ratio"], prep["clean_min_len"],
-                                                  prep["clean_max_len"])
-                    log(f"{corpus} train: {len(enc_a)} of {before} pairs kept after cleaning")
-                if split == "test":
-                    tp.write_lines(ref / f"test.{corpus}.{la}", a)
-                    tp.write_lines(ref / f"test.{corpus}.{lb}", b)
-                tp.write_lines(text / f"{split}.{corpus}.{la}", enc_a)
-                tp.write_lines(text / f"{split}.{corpus}.{lb}", enc_b)
-            step.finish()
+    if not step.done():
+        model = spm_dir / "spm.model"
+        for (split, corpus), (a, b) in raw.items():
+            la, lb = corpus.split("-")
+            enc_a, enc_b = tp.sentencepiece_encode(a, model), tp.sentencepiece_encode(b, model)
+            if split == "train":
+                before = len(enc_a)
+                enc_a, enc_b = tp.clean_pairs(enc_a, enc_b, prep["clean_ratio"], prep["clean_min_len"],
+                                              prep["clean_max_len"])
+                log(f"{corpus} train: {len(enc_a)} of {before} pairs kept after cleaning")
+            if split == "test":
+                tp.write_lines(ref / f"test.{corpus}.{la}", a)
+                tp.write_lines(ref / f"test.{corpus}.{lb}", b)
+            tp.write_lines(text / f"{split}.{corpus}.{la}", enc_a)
+            tp.write_lines(text / f"{split}.{corpus}.{lb}", enc_b)
+        step.finish()
 
 
 def binarize_multilingual(cfg, work, workers, dry_run=False):
@@ -332,7 +321,7 @@ def binarize_multilingual(cfg, work, workers, dry_run=False):
     for corpus in multilingual_corpora(cfg):
         a, b = corpus.split("-")
         cmd = [fairseq_command("fairseq-preprocess"), "--source-lang", a, "--target-lang", b,
-               "--destdir", tmp, "--joined-dictionary", "--srcdict", dict_txt, "--workers", workers]
+               "--destdir", tmp, "--srcdict", dict_txt, "--tgtdict", dict_txt, "--workers", workers]  # one joint dictionary
         for split in ("train", "valid", "test"):
             if dry_run or (text / f"{split}.{corpus}.{a}").exists():
                 cmd += [f"--{split}pref", text / f"{split}.{corpus}"]

@@ -176,14 +176,14 @@ def compound_split(line):
 # -- subword segmentation ----------------------------------------------------------------------
 
 def learn_bpe(lines, codes_path, merges):
-    os.environ.setdefault("TQDM_DISABLE", "1")  # subword-nmt draws a progress bar per merge
     """Joint BPE codes (subword-nmt learn_bpe, as fairseq's prepare scripts call it)."""
     import io
 
-    from subword_nmt.learn_bpe import learn_bpe as _learn
+    from subword_nmt import learn_bpe as module
 
+    module.tqdm = lambda iterator, *args, **kwargs: iterator  # no progress bar line per merge
     with atomic_write(codes_path) as out:
-        _learn(io.StringIO("\n".join(lines) + "\n"), out, merges)
+        module.learn_bpe(io.StringIO("\n".join(lines) + "\n"), out, merges)
 
 
 _BPE = {}
@@ -231,7 +231,7 @@ def temperature_sample(corpora, total, temperature, seed=1):
     return sample, {lang: weights[lang] / norm for lang in weights}
 
 
-def train_sentencepiece(lines, model_prefix, vocab_size, model_type, character_coverage, seed=1):
+def train_sentencepiece(lines, model_prefix, vocab_size, model_type, character_coverage):
     """One joint SentencePiece model over ``lines``; writes ``<model_prefix>.model/.vocab`` atomically."""
     import sentencepiece as spm
 
@@ -242,7 +242,7 @@ def train_sentencepiece(lines, model_prefix, vocab_size, model_type, character_c
     try:
         spm.SentencePieceTrainer.train(
             input=str(text), model_prefix=str(tmp_prefix), vocab_size=vocab_size, model_type=model_type,
-            character_coverage=character_coverage, hard_vocab_limit=False, random_seed=seed,
+            character_coverage=character_coverage, hard_vocab_limit=False,
             input_sentence_size=len(lines), shuffle_input_sentence=True, minloglevel=2,
         )
         for suffix in (".vocab", ".model"):  # .model last: its presence means finished
