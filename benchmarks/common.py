@@ -84,7 +84,7 @@ def write_dictionary(folder, vocab):
 class Bench:
     """One model with its criterion and fairseq ``Trainer`` (so a step is exactly fairseq's step)."""
 
-    def __init__(self, arch, shape, batch, extra_args=(), device="cpu", workdir=None):
+    def __init__(self, arch, shape, batch, extra_args=(), device="cpu", workdir=None, label=None):
         from fairseq import options, tasks, utils
         from fairseq.dataclass.utils import convert_namespace_to_omegaconf
         from fairseq.trainer import Trainer
@@ -100,9 +100,12 @@ class Bench:
             argv.append("--cpu")
         parser = options.get_training_parser()
         args = options.parse_args_and_arch(parser, input_args=argv)
+        if device != "cpu":
+            args.tpu = False  # fairseq 0.12 makes --bf16 imply --tpu (torch_xla); keep bf16 on the GPU instead
         cfg = convert_namespace_to_omegaconf(args)
         utils.import_user_module(cfg.common)
         self.arch, self.shape, self.batch, self.cfg = arch, shape, batch, cfg
+        self.label = label or arch
         self.task = tasks.setup_task(cfg.task)
         start = time.perf_counter()
         if device == "cpu":
@@ -191,7 +194,7 @@ class Bench:
 
         self.model.train()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            loss, _, _ = self.criterion(self.model, self.sample)
+            loss, _, _ = self.trainer.criterion(self.trainer.model, self.trainer._prepare_sample(self.sample)[0])
         del loss
         return sum(storages.values())
 

@@ -29,6 +29,7 @@ BATCH = Batch(sentences=16, src_len=24, tgt_len=24, vocab=1000)
 DEPTHS = [6, 25, 50, 100, 250, 500]
 FIELDS = [
     "layers_per_stack", "total_layers", "checkpoint_activations", "parameters", "build_s", "s_per_update",
+    "cpu_s_per_update",
     "persistent_mib", "step_peak_mib", "activation_mib", "saved_for_backward_mib", "rss_peak_mib",
     "loss", "grad_norm", "encoder_alpha", "decoder_alpha",
 ]
@@ -49,10 +50,11 @@ def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, widt
     logging.getLogger("deepnet_fairseq").setLevel(logging.INFO)  # the plugin logs alpha/beta at build
     extra = ["--checkpoint-activations"] if checkpoint_activations else []
     bench = Bench("deepnet_transformer", Shape(layers, layers, **width), batch, extra_args=extra)
-    losses, norms = [], []
+    losses, norms, cpu_seconds = [], [], []
 
     def checked_step():
         seconds = bench.step()
+        cpu_seconds.append(bench.last_cpu_seconds)
         losses.append(bench.last_loss)
         norms.append(bench.grad_norm())
         if not (math.isfinite(losses[-1]) and math.isfinite(norms[-1])):
@@ -61,6 +63,7 @@ def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, widt
 
     checked_step()  # warm-up: allocates gradients and Adam state
     seconds = sorted(checked_step() for _ in range(timed_steps))
+    cpu = sorted(cpu_seconds[1:])
     persistent, peak = bench.peak_step_bytes()
     norms.append(bench.grad_norm())
     saved = bench.saved_activation_bytes()
@@ -73,6 +76,7 @@ def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, widt
         "parameters": bench.parameters,
         "build_s": round(bench.build_seconds, 3),
         "s_per_update": round(seconds[len(seconds) // 2], 4),
+        "cpu_s_per_update": round(cpu[len(cpu) // 2], 4),
         "persistent_mib": round(persistent / mib, 2),
         "step_peak_mib": round(peak / mib, 2),
         "activation_mib": round((peak - persistent) / mib, 2),
@@ -127,10 +131,10 @@ def plot(rows, path):
         axes[0].plot(x, [r["step_peak_mib"] for r in sel], style, label=f"step peak, {label}")
         axes[0].plot(x, [r["persistent_mib"] for r in sel], ":", color="gray")
         axes[1].plot(x, [r["activation_mib"] for r in sel], style, label=label)
-        axes[2].plot(x, [r["s_per_update"] for r in sel], style, label=label)
+        axes[2].plot(x, [r["cpu_s_per_update"] for r in sel], style, label=label)
     axes[0].set(title="torch peak memory per step (gray: params+grads+Adam)", xlabel="total layers", ylabel="MiB")
     axes[1].set(title="activation + workspace memory", xlabel="total layers", ylabel="MiB")
-    axes[2].set(title="seconds per update (1 CPU thread)", xlabel="total layers", ylabel="s")
+    axes[2].set(title="CPU seconds per update (1 thread)", xlabel="total layers", ylabel="s")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -142,13 +146,14 @@ def plot(rows, path):
 
 
 def report(rows):
-    lines = ["| layers | ckpt | params | build s | s/update | persistent MiB | step peak MiB | activation MiB "
+    lines = ["| layers | ckpt | params | build s | s/update | CPU s/update | persistent MiB | step peak MiB | activation MiB "
              "| saved-for-backward MiB | peak RSS MiB | loss | grad norm | enc alpha | dec alpha |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["checkpoint_activations"], r["total_layers"])):
         lines.append(
             f"| {r['layers_per_stack']}L-{r['layers_per_stack']}L | {'on' if r['checkpoint_activations'] else 'off'} "
-            f"| {r['parameters']:,} | {r['build_s']:.2f} | {r['s_per_update']:.3f} | {r['persistent_mib']:.1f} "
+            f"| {r['parameters']:,} | {r['build_s']:.2f} | {r['s_per_update']:.3f} | {r['cpu_s_per_update']:.3f} "
+            f"| {r['persistent_mib']:.1f} "
             f"| {r['step_peak_mib']:.1f} | {r['activation_mib']:.1f} | {r['saved_for_backward_mib']:.1f} "
             f"| {r['rss_peak_mib']:.0f} | {r['loss']:.3f} | {r['grad_norm']:.4f} | {r['encoder_alpha']:.3f} "
             f"| {r['decoder_alpha']:.3f} |")
@@ -167,7 +172,7 @@ def report(rows):
         cut = 1 - on[deepest]["activation_mib"] / off[deepest]["activation_mib"]
         lines.append(f"- at {deepest} layers checkpointing cuts activation memory from "
                      f"{off[deepest]['activation_mib']:.0f} to {on[deepest]['activation_mib']:.0f} MiB ({cut:.0%}) "
-                     f"and costs {on[deepest]['s_per_update'] / off[deepest]['s_per_update']:.2f}x time per update")
+                     f"and costs {on[deepest]['cpu_s_per_update'] / off[deepest]['cpu_s_per_update']:.2f}x CPU time per update")
     return "\n".join(lines)
 
 
@@ -196,7 +201,7 @@ def main(argv=None):
         for ckpt in (False, True):
             row = run_in_subprocess(layers, ckpt, args.timed_steps)
             print(f"  {layers}L-{layers}L ckpt={'on' if ckpt else 'off'}: {row['parameters']:,} params, "
-                  f"build {row['build_s']:.1f} s, {row['s_per_update']:.2f} s/update, step peak "
+                  f"build {row['build_s']:.1f} s, {row['s_per_update']:.2f} s/update ({row['cpu_s_per_update']:.2f} CPU s), step peak "
                   f"{row['step_peak_mib']:.0f} MiB, loss {row['loss']:.3f}, grad norm {row['grad_norm']:.4f}; "
                   f"plugin log: {row['plugin_log']}", flush=True)
             rows.append(row)

@@ -31,7 +31,7 @@ from .common import ROOT, USER_DIR, machine, quiet_fairseq, summarize, write_jso
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k_de_en"
 BIN = Path(sys.executable).parent
-SLICE = (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 200))
+SLICE = (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 100))
 MODEL_ARGS = [
     "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
     "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",

@@ -48,6 +48,29 @@ def peak_memory(bench, device):
     return torch.cuda.max_memory_allocated()
 
 
+def time_interleaved(benches, rounds, steps, clocks=("wall",), log=print):
+    """Seconds per update of each bench, per round: {clock: {arch: [seconds, ...]}}.
+
+    Steps are interleaved one by one (A B C A B C ...) and the order is rotated every round.
+    """
+    seconds = {clock: {b.label: [] for b in benches} for clock in clocks}
+    for r in range(rounds):
+        order = benches[r % len(benches):] + benches[: r % len(benches)]
+        totals = {clock: {b.label: 0.0 for b in benches} for clock in clocks}
+        for _ in range(steps):
+            for bench in order:
+                totals["wall"][bench.label] += bench.step()
+                if "cpu" in totals:
+                    totals["cpu"][bench.label] += bench.last_cpu_seconds
+        for clock in clocks:
+            for arch, total in totals[clock].items():
+                seconds[clock][arch].append(total / steps)
+        log(f"  round {r + 1}/{rounds}: " + ", ".join(
+            f"{a} {seconds['wall'][a][-1]:.3f} s/update" + (f" ({seconds['cpu'][a][-1]:.3f} CPU s)" if "cpu" in seconds else "")
+            for a in seconds["wall"]))
+    return seconds
+
+
 def compare(shape_name, families, rounds, steps, warmup, device, extra_args=(), log=print):
     """Build every family at one shape, time them interleaved, measure memory; return a result dict."""
     shape, batch = SHAPES[shape_name]
@@ -60,22 +83,7 @@ def compare(shape_name, families, rounds, steps, warmup, device, extra_args=(), 
         log(f"  built {arch} {shape.name}: {bench.parameters:,} parameters in {bench.build_seconds:.2f} s")
 
     clocks = ("wall", "cpu") if device == "cpu" else ("wall",)
-    seconds = {clock: {b.arch: [] for b in benches} for clock in clocks}  # per round: seconds per update
-    for r in range(rounds):
-        order = benches[r % len(benches):] + benches[: r % len(benches)]
-        totals = {clock: {b.arch: 0.0 for b in benches} for clock in clocks}
-        for _ in range(steps):  # interleave step by step: A B C A B C ...
-            for bench in order:
-                totals["wall"][bench.arch] += bench.step()
-                if "cpu" in totals:
-                    totals["cpu"][bench.arch] += bench.last_cpu_seconds
-        for clock in clocks:
-            for arch, total in totals[clock].items():
-                seconds[clock][arch].append(total / steps)
-        log(f"  round {r + 1}/{rounds}: " + ", ".join(
-            f"{a} {seconds['wall'][a][-1]:.3f} s/update" + (f" ({seconds['cpu'][a][-1]:.3f} CPU s)" if "cpu" in seconds else "")
-            for a in seconds["wall"]))
-
+    seconds = time_interleaved(benches, rounds, steps, clocks, log)
     result = {"shape": shape_name, "model": shape.__dict__, "batch": batch.__dict__, "rounds": rounds,
               "steps_per_round": steps, "device": device, "clocks": list(clocks), "models": {}}
     for bench in benches:
