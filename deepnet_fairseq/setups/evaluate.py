@@ -139,6 +139,7 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out):
             groups[name] = {"bleu": round(sum(by_direction[d] for d in members) / len(members), 2),
                             "directions": len(members)}
     return {"bleu": round(sum(by_direction.values()) / len(rows), 2), "signature": rows[0]["signature"],
+            "copy_source_bleu": round(sum(r["copy_source_bleu"] for r in rows) / len(rows), 2),
             "metric": "average detokenised sacreBLEU over directions", "groups": groups, "directions": rows}
 
 
@@ -155,7 +156,7 @@ def heatmap(rows, langs, path, title):
     grid = np.full((len(used), len(used)), np.nan)
     for r in rows:
         grid[index[r["src"]], index[r["tgt"]]] = r["bleu"]
-    fig, ax = plt.subplots(figsize=(1 + 0.5 * len(used), 1 + 0.45 * len(used)))
+    fig, ax = plt.subplots(figsize=(3.5 + 0.5 * len(used), 2.5 + 0.45 * len(used)))
     image = ax.imshow(grid, cmap="viridis")
     ax.set_xticks(range(len(used)), used)
     ax.set_yticks(range(len(used)), used)
