@@ -154,7 +154,7 @@ def largest_depth(precision_args, device, batch, budget_s, candidates, log):
             fail = layers if fail is None else min(fail, layers)
             records.append({"layers_per_stack": layers, "oom": str(error).splitlines()[0][:200]})
             log(f"  {layers}L-{layers}L: out of memory")
-            free()
+        free()  # outside the except block, so the traceback no longer holds the failed model's tensors
 
     for layers in candidates:
         if time.perf_counter() - start > budget_s:

@@ -44,6 +44,34 @@ def profile_step(bench):
     return {e.key: (e.count, e.self_cpu_time_total) for e in prof.key_averages()}
 
 
+def residual_cost(shape, alpha=2.0, reps=2000):
+    """CPU microseconds (this thread) of one residual connection, forward + backward, per variant.
+
+    The three ways a sublayer can join its branch ``x`` to the ``residual``: fairseq's
+    ``residual + x``, the plugin's ``residual * alpha + x`` and the fused ``torch.add(x, residual,
+    alpha=alpha)``. Interleaved, median of 5 blocks of ``reps`` calls each.
+    """
+    import time
+
+    variants = {
+        "residual + x": lambda x, r: r + x,
+        "residual * alpha + x": lambda x, r: r * alpha + x,
+        "torch.add(x, residual, alpha=alpha)": lambda x, r: torch.add(x, r, alpha=alpha),
+    }
+    x = torch.randn(shape, requires_grad=True)
+    r = torch.randn(shape, requires_grad=True)
+    grad = torch.randn(shape)
+    blocks = defaultdict(list)
+    for _ in range(5):
+        for name, fn in variants.items():
+            start = time.thread_time()
+            for _ in range(reps):
+                fn(x, r).backward(grad)
+            blocks[name].append((time.thread_time() - start) / reps * 1e6)
+    x.grad = r.grad = None
+    return {name: statistics.median(v) for name, v in blocks.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="6L-6L-d128", help=f"one of {sorted(SHAPES)}")
@@ -95,6 +123,15 @@ def main(argv=None):
         print("| op | extra calls | extra self CPU ms (median) |\n|---|---|---|")
         for op, n, t in diff:
             print(f"| {op} | {n:+d} | {t / 1e3:+.2f} |")
+    # the only ops DeepNorm adds are its residual scale's: price them in isolation, by CPU time
+    sublayers = 2 * shape.encoder_layers + 3 * shape.decoder_layers
+    cost = residual_cost((batch.tgt_len, batch.sentences, shape.dim))
+    result["residual_us_fwd_bwd"] = cost
+    result["sublayers"] = sublayers
+    print(f"\nresidual connection on a {batch.tgt_len}x{batch.sentences}x{shape.dim} tensor, forward+backward, "
+          f"CPU microseconds (median):")
+    for name, us in cost.items():
+        print(f"  {name}: {us:.1f} us; x {sublayers} sublayers = {us * sublayers / 1e3:.2f} ms per step")
     if args.out:
         write_json(args.out, {"command": " ".join(sys.argv), **result})
     return result
