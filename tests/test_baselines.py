@@ -249,7 +249,12 @@ def test_subln_has_inner_layer_norms_and_magneto_gains(dict_dir):
 
 
 def test_b2t_adds_the_layer_input_before_the_last_layer_norm(dict_dir):
-    model = build(dict_dir, "b2t_transformer", 2)
+    model = build(dict_dir, "b2t_transformer", 4)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):  # weights x L^-1/2, LN untouched
+        out_proj = layer.self_attn.out_proj.weight  # fairseq: xavier_uniform
+        assert_std(out_proj, xavier_std(out_proj, 4 ** -0.5))
+        assert_std(layer.fc1.weight, 4 ** -0.5 / math.sqrt(3 * layer.fc1.weight.shape[1]))
+        assert torch.equal(layer.final_layer_norm.weight, torch.ones(D))
     x, memory = sample(), sample(seed=1)
     enc = model.encoder.layers[0]
     h = enc.self_attn_layer_norm(x + self_attention(enc, x))

@@ -9,7 +9,9 @@ extra residual per layer, from the layer's input straight to its last LayerNorm:
     decoder:  y = LN(x + SelfAttn(x));  z = LN(y + CrossAttn(y));  x' = LN(z + FFN(z) + x)
 
 Only ``residual_connection`` changes: the layer remembers its input and adds it in the last
-residual sum (the FFN's). Applied in every layer.
+residual sum (the FFN's). Applied in every layer, as in the authors' code, which also rescales
+every weight matrix of a layer (not LayerNorms, not biases) by ``L^(-1/2)`` at init for deep
+stacks (L = that stack's depth); so does this plugin.
 """
 
 from fairseq.models import register_model
@@ -19,6 +21,13 @@ from .layer_class_model import LayerClassTransformerModel, require_post_ln
 from .layers import LayerClassDecoder, LayerClassEncoder
 from .postln_transformer import postln_defaults
 from .sizes import register_size_variants
+
+
+def b2t_rescale_init_(layer, depth):
+    """The authors' init for deep B2T stacks: weights (not LayerNorms) times depth^(-1/2)."""
+    for name, param in layer.named_parameters():
+        if name.endswith("weight") and "layer_norm" not in name:
+            param.data.mul_(depth ** -0.5)
 
 
 class B2TLayerMixin:
@@ -42,10 +51,16 @@ class B2TLayerMixin:
 
 
 class B2TEncoderLayer(B2TLayerMixin, TransformerEncoderLayerBase):
-    pass
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        b2t_rescale_init_(self, cfg.encoder.layers)
 
 
 class B2TDecoderLayer(B2TLayerMixin, TransformerDecoderLayerBase):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+        b2t_rescale_init_(self, cfg.decoder.layers)
+
     def residual_sums(self, encoder_out=None, *args, **kwargs):
         return 3 if self.encoder_attn is not None and encoder_out is not None else 2
 
