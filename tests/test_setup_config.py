@@ -112,6 +112,7 @@ def test_dry_run_single_gpu_postln_and_cpu_gloo(capsys):
     commands, _ = _dry_run_in_process(capsys, "--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2")
     argv = shlex.split(commands[0])
     assert argv[0].endswith("torchrun") and "--nproc_per_node=2" in argv and "--cpu" in argv and "--fp16" not in argv
+    assert argv[6:8] == ["-m", "deepnet_fairseq.setups.cpu_worker"]  # passes each process's rank (env://)
     tail = " ".join(argv)
     assert "--distributed-backend gloo --ddp-backend legacy_ddp" in tail and "--distributed-world-size 2" in tail
 

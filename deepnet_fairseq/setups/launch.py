@@ -133,9 +133,10 @@ def launch_commands(opts, fairseq_args):
         return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", f"--gpus-per-node={per_node}",
                  fairseq_train] + fairseq_args + ["--distributed-port", str(opts.master_port)]]
     torchrun = str(BIN_DIR / "torchrun") if (BIN_DIR / "torchrun").exists() else "torchrun"
+    program = ["-m", "deepnet_fairseq.setups.cpu_worker"] if opts.cpu else [fairseq_train]
     ranks = range(opts.nodes) if opts.dry_run else [opts.node_rank]
     return [[torchrun, f"--nproc_per_node={per_node}", f"--nnodes={opts.nodes}", f"--node_rank={rank}",
-             f"--master_addr={opts.master_addr}", f"--master_port={opts.master_port}", fairseq_train] + fairseq_args
+             f"--master_addr={opts.master_addr}", f"--master_port={opts.master_port}"] + program + fairseq_args
             for rank in ranks]
 
 
