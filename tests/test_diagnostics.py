@@ -66,7 +66,7 @@ def test_grad_norm_by_layer_grows_toward_the_top_for_postln_and_is_flat_for_prel
     assert pre_dec[-1] / pre_dec[0] < 1.5 and pre_enc[-1] / pre_enc[0] < 1.5
 
 
-def update_norm_after(data, arch, depth, steps=2, lr=1e-3):
+def update_norm_after(data, arch, depth, steps=1, lr=2e-4):
     from deepnet_fairseq.diagnostics.monitors import UpdateNormProbe
 
     torch.set_num_threads(1)
@@ -83,12 +83,13 @@ def update_norm_after(data, arch, depth, steps=2, lr=1e-3):
 
 
 def test_update_norm_grows_with_depth_more_for_postln_than_deepnet(multi30k_bin):
+    # one small Adam step: the LayerNorm-bounded output does not saturate yet (it does after a few at 1e-3)
     ratio = {}
     for arch in (POST_LN, DEEPNET):
         shallow, deep = update_norm_after(multi30k_bin, arch, 2), update_norm_after(multi30k_bin, arch, 8)
         ratio[arch] = deep / shallow
-        print(arch, "update norm after 2 updates: 2L", shallow, "8L", deep)
-    assert ratio[POST_LN] > 1.2 * ratio[DEEPNET]
+        print(arch, "update norm after 1 update: 2L", shallow, "8L", deep)
+    assert ratio[POST_LN] > 1.5 * ratio[DEEPNET]
 
 
 def test_logging_outputs_are_averaged_over_microbatches_and_workers(multi30k_bin):

@@ -166,8 +166,8 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         update = _current_update() + 1
         if self.diag_grad_norms:
             for name, value in norms.items():
-                metrics.log_scalar(GRAD_PREFIX + name, value, priority=1000, round=4)
-            metrics.log_scalar(GRAD_PREFIX + "total", total, priority=1000, round=4)  # = fairseq's gnorm (no clip)
+                metrics.log_scalar(GRAD_PREFIX + name, value, priority=1000, round=8)
+            metrics.log_scalar(GRAD_PREFIX + "total", total, priority=1000, round=8)  # = fairseq's gnorm (no clip)
         if not self.guard:
             return
         nonfinite = [n for n, v in norms.items() if not math.isfinite(v)]
