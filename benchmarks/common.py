@@ -199,6 +199,20 @@ class Bench:
         return sum(storages.values())
 
 
+def fuse_deepnorm_residual(model):
+    """Candidate change, for measurement only: each DeepNorm layer computes ``alpha * residual + x``
+    with one ``torch.add(x, residual, alpha=alpha)`` instead of a multiply and an add."""
+    from deepnet_fairseq.models.deepnet_transformer import DeepNormDecoderLayer, DeepNormEncoderLayer
+
+    def residual_connection(self, x, residual):
+        return torch.add(x, residual, alpha=self.deepnorm_alpha)
+
+    layers = [m for m in model.modules() if isinstance(m, (DeepNormEncoderLayer, DeepNormDecoderLayer))]
+    for layer in layers:
+        layer.residual_connection = residual_connection.__get__(layer)
+    return len(layers)
+
+
 def synthetic_sample(dictionary, batch, seed=0):
     """A fixed random batch in fairseq's sample format (source ends with EOS, target shifted)."""
     generator = torch.Generator().manual_seed(seed)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from .common import ROOT, USER_DIR, machine, quiet_fairseq, summarize, write_json
+from .common import ROOT, USER_DIR, fuse_deepnorm_residual, machine, quiet_fairseq, summarize, write_json
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k_de_en"
 BIN = Path(sys.executable).parent
@@ -127,36 +127,48 @@ def load_batches(task, batch_size):
     return list(itr)
 
 
-def benchmark(checkpoints, data, beam, fixed_len, rounds, batch_size, log=print):
-    modes = {
+FUSED = "deepnet_transformer (fused add)"
+
+
+def benchmark(checkpoints, data, beam, fixed_len, rounds, batch_size, modes=("fixed", "natural"), fused=False,
+              log=print):
+    all_modes = {
         "fixed": dict(max_len_a=0, max_len_b=fixed_len, min_len=fixed_len),
         "natural": dict(max_len_a=1.2, max_len_b=10, min_len=1),
     }
     results = {}
-    for mode, lengths in modes.items():
-        decoders = [Decoder(checkpoints[arch], data, beam, **lengths) for arch in ARCHS]
-        batches = load_batches(decoders[0].task, batch_size)
-        for d in decoders:
+    for mode in modes:
+        lengths = all_modes[mode]
+        decoders = {arch: Decoder(checkpoints[arch], data, beam, **lengths) for arch in ARCHS}
+        if fused:  # the deep checkpoint again, with the candidate one-kernel residual
+            decoders[FUSED] = Decoder(checkpoints[ARCHS[1]], data, beam, **lengths)
+            fuse_deepnorm_residual(decoders[FUSED].model)
+        labels = list(decoders)
+        batches = load_batches(decoders[ARCHS[0]].task, batch_size)
+        for d in decoders.values():
             d.decode(batches[:1])  # warm-up
-        timings = {arch: {"wall": [], "cpu": [], "length": []} for arch in ARCHS}
+        timings = {label: {"wall": [], "cpu": [], "length": []} for label in labels}
         for r in range(rounds):
-            order = decoders[r % 2:] + decoders[: r % 2]
-            for d, arch in ((d, ARCHS[decoders.index(d)]) for d in order):
-                wall, cpu, sentences, length = d.decode(batches)
-                timings[arch]["wall"].append(sentences / wall)
-                timings[arch]["cpu"].append(sentences / cpu)
-                timings[arch]["length"].append(length)
+            for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+                wall, cpu, sentences, length = decoders[label].decode(batches)
+                timings[label]["wall"].append(sentences / wall)
+                timings[label]["cpu"].append(sentences / cpu)
+                timings[label]["length"].append(length)
             log(f"  {mode} round {r + 1}/{rounds}: " + ", ".join(
                 f"{a} {t['wall'][-1]:.2f} sent/s ({t['cpu'][-1]:.2f} per CPU s)" for a, t in timings.items()))
-        base, deep = timings[ARCHS[0]], timings[ARCHS[1]]
+        base = timings[ARCHS[0]]
         results[mode] = {
             "sentences": sentences,
             "lengths": lengths,
-            "models": {arch: {"sentences_per_s_wall": summarize(t["wall"]), "sentences_per_s_cpu": summarize(t["cpu"]),
-                              "mean_hypothesis_tokens": t["length"][-1]} for arch, t in timings.items()},
-            "ratio_wall": summarize([d / b for d, b in zip(deep["wall"], base["wall"])]),
-            "ratio_cpu": summarize([d / b for d, b in zip(deep["cpu"], base["cpu"])]),
+            "models": {label: {"sentences_per_s_wall": summarize(t["wall"]), "sentences_per_s_cpu": summarize(t["cpu"]),
+                               "mean_hypothesis_tokens": t["length"][-1]} for label, t in timings.items()},
         }
+        for label in labels[1:]:
+            for clock in ("wall", "cpu"):
+                ratio = summarize([d / b for d, b in zip(timings[label][clock], base[clock])])
+                key = f"ratio_{clock}" if label == ARCHS[1] else f"fused_ratio_{clock}"
+                results[mode][key] = ratio
+                results[mode]["models"][label][f"ratio_{clock}"] = ratio
     return results
 
 
@@ -164,15 +176,17 @@ def table(results, layers):
     lines = ["| mode | model | sentences/s wall median (min-max) | sentences per CPU s | mean hyp. tokens "
              "| ratio wall median (min-max) | ratio CPU median (min-max) |", "|---|---|---|---|---|---|---|"]
     for mode, res in results.items():
-        for arch, m in res["models"].items():
+        for label, m in res["models"].items():
             w, c = m["sentences_per_s_wall"], m["sentences_per_s_cpu"]
-            deep = arch != ARCHS[0]
-            rw, rc = res["ratio_wall"], res["ratio_cpu"]
-            lines.append(
-                f"| {mode} | {arch} {layers}L-{layers}L | {w['median']:.2f} ({w['min']:.2f}-{w['max']:.2f}) | {c['median']:.2f} "
-                f"| {m['mean_hypothesis_tokens']:.1f} | "
-                + (f"{rw['median']:.3f} ({rw['min']:.3f}-{rw['max']:.3f}) | {rc['median']:.3f} ({rc['min']:.3f}-{rc['max']:.3f}) |"
-                   if deep else "1 (baseline) | 1 (baseline) |"))
+            if label == ARCHS[0]:
+                ratios = "1 (baseline) | 1 (baseline) |"
+            else:
+                rw = m.get("ratio_wall", res.get("ratio_wall"))
+                rc = m.get("ratio_cpu", res.get("ratio_cpu"))
+                ratios = (f"{rw['median']:.3f} ({rw['min']:.3f}-{rw['max']:.3f}) "
+                          f"| {rc['median']:.3f} ({rc['min']:.3f}-{rc['max']:.3f}) |")
+            lines.append(f"| {mode} | {label} {layers}L-{layers}L | {w['median']:.2f} ({w['min']:.2f}-{w['max']:.2f}) "
+                         f"| {c['median']:.2f} | {m['mean_hypothesis_tokens']:.1f} | {ratios}")
     return "\n".join(lines)
 
 
@@ -185,8 +199,14 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=50, help="sentences per batch")
     parser.add_argument("--work", default="runs/benchmarks/inference", help="data and checkpoints (not committed)")
+    parser.add_argument("--modes", default="fixed,natural", help="decoding modes to time: fixed, natural")
+    parser.add_argument("--fused", action="store_true",
+                        help="also time the deep checkpoint with the one-kernel residual (torch.add with alpha)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    if not modes or any(m not in ("fixed", "natural") for m in modes):
+        parser.error(f"--modes: comma-separated fixed/natural, got {args.modes!r}")
     if min(args.layers, args.max_update, args.beam, args.fixed_len, args.rounds, args.batch_size) < 1:
         parser.error("every numeric option must be >= 1")
     quiet_fairseq()
@@ -201,7 +221,7 @@ def main(argv=None):
         checkpoints[arch] = train(work, data, arch, args.layers, args.max_update)
         print(f"  {arch} {args.layers}L-{args.layers}L checkpoint ready ({time.perf_counter() - start:.0f} s): "
               f"{checkpoints[arch]}", flush=True)
-    results = benchmark(checkpoints, data, args.beam, args.fixed_len, args.rounds, args.batch_size,
+    results = benchmark(checkpoints, data, args.beam, args.fixed_len, args.rounds, args.batch_size, modes, args.fused,
                         log=lambda s: print(s, flush=True))
     print(table(results, args.layers))
     if args.out:

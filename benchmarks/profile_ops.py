@@ -17,24 +17,16 @@ from collections import defaultdict
 
 import torch
 
-from .common import BASELINE, FAMILIES, Bench, machine, quiet_fairseq, write_json
+from .common import BASELINE, FAMILIES, Bench, fuse_deepnorm_residual, machine, quiet_fairseq, write_json
 from .throughput import SHAPES
-
-
-def fused_residual(self, x, residual):
-    return torch.add(x, residual, alpha=self.deepnorm_alpha)
 
 
 class FusedDeepNet(Bench):
     """deepnet_transformer whose layers compute alpha * residual + x in one torch.add."""
 
     def __init__(self, shape, batch):
-        from deepnet_fairseq.models.deepnet_transformer import DeepNormDecoderLayer, DeepNormEncoderLayer
-
         super().__init__("deepnet_transformer", shape, batch, label="deepnet_transformer (fused add)")
-        for module in self.model.modules():
-            if isinstance(module, (DeepNormEncoderLayer, DeepNormDecoderLayer)):
-                module.residual_connection = fused_residual.__get__(module)
+        fuse_deepnorm_residual(self.model)
 
 
 def profile_step(bench):

@@ -16,6 +16,7 @@ def main():
         ("throughput_cpu.json", lambda d: throughput.table(d["results"]) + "\n\n" + throughput.verdicts(d["results"])),
         ("depth_scaling.json", lambda d: depth_scaling.report(d["rows"])),
         ("inference_cpu.json", lambda d: inference.table(d["results"], d["layers"])),
+        ("inference_fused_cpu.json", lambda d: inference.table(d["results"], d["layers"])),
     ):
         path = RESULTS / name
         if not path.exists():
