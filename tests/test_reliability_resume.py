@@ -259,3 +259,23 @@ def test_damaged_last_checkpoint_is_replaced_by_the_newest_complete_one(tmp_path
     assert last.read_bytes() == newer.read_bytes()
     assert (tmp_path / "checkpoint_last.pt.corrupt").stat().st_size == 5000
     assert repair_last_checkpoint(str(last)) is None  # intact now: nothing to do
+
+
+@pytest.mark.xfail(strict=True, reason="needs the lead's one-line change: deepnet_fairseq/__init__.py importing "
+                   "`training` beside `criterions, models`, so that --user-dir deepnet_fairseq registers the task")
+def test_plugin_user_dir_registers_the_exact_resume_task():
+    proc = run([BIN / "python", "-c", "import deepnet_fairseq; from fairseq.tasks import TASK_REGISTRY; "
+                "print('translation_exact_resume' in TASK_REGISTRY)"], check=False)
+    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+
+
+def test_checkpoint_check_command(good_checkpoint, tmp_path, capsys):
+    from deepnet_fairseq.training.checkpoint_integrity import main
+
+    bad = tmp_path / "checkpoint_3_30.pt"
+    bad.write_bytes(good_checkpoint.read_bytes()[:777])
+    assert main([str(good_checkpoint)]) == 0
+    assert main([str(good_checkpoint), str(bad)]) == 1
+    out = capsys.readouterr()
+    assert out.out.strip() == f"ok: {good_checkpoint}\nok: {good_checkpoint}".strip()
+    assert out.err.strip() == f"error: {bad}: truncated or not a torch checkpoint (777 bytes; File is not a zip file)"

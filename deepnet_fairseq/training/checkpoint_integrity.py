@@ -98,3 +98,25 @@ def repair_last_checkpoint(last_path):
     atomic_copy(replacement, last_path)
     logger.warning(f"{damage}; moved it to {last_path}.corrupt and resuming from {replacement}")
     return replacement
+
+
+def main(argv=None):
+    """``python -m deepnet_fairseq.training.checkpoint_integrity FILE...``: exit 1 if any file is damaged."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="Check that checkpoints are complete (every record's CRC-32).")
+    parser.add_argument("checkpoints", nargs="+")
+    damaged = 0
+    for path in parser.parse_args(argv).checkpoints:
+        try:
+            verify_checkpoint(path)
+            print(f"ok: {path}")
+        except (CorruptCheckpointError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            damaged += 1
+    return 1 if damaged else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
