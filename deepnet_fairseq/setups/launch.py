@@ -260,7 +260,7 @@ def main(argv=None):
             return 0
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.resolved.json").write_text(json.dumps(cfg, indent=1))
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
         start = time.time()
         print("[train] " + " ".join(shlex.quote(c) for c in cmds[0]), flush=True)
         returncode, text = run(cmds[0], folder / "train.log", env)
