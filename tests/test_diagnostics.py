@@ -192,6 +192,7 @@ def test_divergence_guard_stops_a_postln_run_with_a_huge_lr_and_keeps_the_last_c
     match = re.search(r"DivergenceError: training diverged at update (\d+): .* sublayer (enc|dec)\d+_(attn|cross|ffn)",
                       output)
     assert match, output[-3000:]
+    print(output[match.start():].splitlines()[0])
     bad_update = int(match.group(1))
     assert len(records) == bad_update - 1
     state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
