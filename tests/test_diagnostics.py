@@ -210,3 +210,23 @@ def test_depth_sweep_script_rejects_bad_input(tmp_path):
     proc = run(["bash", "scripts/depth_sweep.sh", "--data", tmp_path, "--out", tmp_path / "o"], cwd=USER_DIR + "/..",
                check=False)
     assert proc.returncode != 0 and "not a binarised fairseq data dir" in proc.stderr
+
+
+def test_committed_sweep_csvs_back_the_documented_claims_and_replot(tmp_path):
+    """docs/figures: the numbers quoted in docs/diagnostics.md, and the figures regenerate from the CSVs."""
+    from pathlib import Path
+
+    from deepnet_fairseq.diagnostics.plots import load_curves, load_runs, plot_all
+
+    figures = Path(USER_DIR).parent / "docs" / "figures"
+    curves = load_curves(figures / "curves.csv")
+    runs = load_runs(figures / "runs.csv")
+    assert len(runs) == 12 and {r["diverged"] for r in runs} == {"no"}
+    for seed in (1, 2):
+        post = curves[(POST_LN, 12, seed)]
+        deepnet = curves[(DEEPNET, 12, seed)]
+        assert post["update_norm"][3] > 4 * deepnet["update_norm"][3]  # Post-LN's early update explodes
+        assert post["gnorm_dec11_ffn"][1] > 10 * post["gnorm_dec0_ffn"][1]  # grows toward the top at init
+    written = plot_all(figures / "runs.csv", figures / "curves.csv", tmp_path, warmup=4)
+    assert [p.name for p in written] == ["update_norm.png", "grad_norm_by_layer.png", "loss_vs_depth.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
