@@ -22,7 +22,6 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-import torch
 from fairseq import metrics
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
