@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # DeepNet's Table 1 on one fairseq: every method at every depth, BLEU or 'diverged'.
 # Runs scripts/depth_sweep.sh (with --bleu) and writes OUT/table1.csv and OUT/table1.md
-# (rows = methods in the paper's order, columns = depths N=M; mean BLEU over the seeds that trained,
-# 'diverged' when any seed diverged). Finished runs are skipped on a rerun.
+# (rows = methods in the paper's order, columns = depths N=M; mean BLEU over the seeds, 'diverged'
+# when any seed diverged), plus the mean validation loss in the same layout (table1_valid_loss.csv
+# and a second table in table1.md). Finished runs are skipped on a rerun.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
@@ -11,7 +12,7 @@ METHODS="postln_transformer,dsinit_transformer,admin_transformer,rezero_transfor
 usage() {
   cat <<USAGE
 Usage: scripts/table1.sh --out DIR [--data BIN_DIR] [--methods a,b,...] [--variant iwslt_de_en]
-                         [--depths 6,18] [--updates 150] [--seeds 1] [--lr 1e-3] [--warmup 10]
+                         [--depths 2,8] [--updates 40] [--seeds 1] [--lr 5e-3] [--warmup 4]
                          [--max-tokens 600] [--jobs 1] [--full-shape] [--format-only]
                          [-- extra fairseq-train args]
 
@@ -20,8 +21,8 @@ Usage: scripts/table1.sh --out DIR [--data BIN_DIR] [--methods a,b,...] [--varia
                   built from ../shared/data/multi30k_de_en)
   --methods LIST  model names (default: all ten: $METHODS)
   --variant V     size variant appended to each name (default: iwslt_de_en; '' for none)
-  --depths LIST   depths N=M (default: 2,12)
-  --updates K     updates per run (default: 60)
+  --depths LIST   depths N=M (default: 2,8)
+  --updates K     updates per run (default: 40)
   --seeds LIST    seeds (default: 1)
   --lr X          peak learning rate, inverse_sqrt (default: 5e-3, high enough to show instability in few updates)
   --warmup W      warm-up updates (default: 4)
@@ -33,7 +34,7 @@ Everything after -- goes to fairseq-train.
 USAGE
 }
 
-OUT="" DATA="" VARIANT="iwslt_de_en" DEPTHS="2,12" UPDATES=60 SEEDS=1 LR=5e-3 WARMUP=4 MAX_TOKENS=600 JOBS=1
+OUT="" DATA="" VARIANT="iwslt_de_en" DEPTHS="2,8" UPDATES=40 SEEDS=1 LR=5e-3 WARMUP=4 MAX_TOKENS=600 JOBS=1
 SHAPE="--tiny" FORMAT_ONLY=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do
@@ -77,6 +78,7 @@ fi
 "$PY" - "$OUT" "$ARCHS" "$DEPTHS" <<'PY'
 """runs.csv -> Table 1 layout (methods x depths), CSV and Markdown, each written then renamed."""
 import csv
+import io
 import os
 import sys
 from collections import defaultdict
@@ -89,28 +91,42 @@ with open(out / "runs.csv", newline="") as f:
         runs[row["arch"], int(row["depth"])].append(row)
 
 
-def cell(rows):
+def cell(rows, column, digits):
     if not rows:
         raise SystemExit(f"table1.sh: runs.csv lacks a run (have {sorted(runs)})")
     if any(r["diverged"] == "yes" for r in rows):
         return "diverged"
-    scores = [float(r["bleu"]) for r in rows if r["bleu"] != ""]
-    if len(scores) != len(rows):
-        raise SystemExit(f"table1.sh: a run of {rows[0]['arch']} L{rows[0]['depth']} trained but has no BLEU")
-    return f"{sum(scores) / len(scores):.2f}"
+    values = [float(r[column]) for r in rows if r[column] != ""]
+    if len(values) != len(rows):
+        raise SystemExit(f"table1.sh: a run of {rows[0]['arch']} L{rows[0]['depth']} trained but has no {column}")
+    return f"{sum(values) / len(values):.{digits}f}"
+
+
+def write(path, text):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def csv_text(rows):
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    return buffer.getvalue()
+
+
+def markdown(header, table):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in table]) + "\n"
 
 
 header = ["method"] + [f"{d}L-{d}L" for d in depths]
-table = [[a] + [cell(runs[a, d]) for d in depths] for a in archs]
-tmp = out / "table1.csv.tmp"
-with open(tmp, "w", newline="") as f:
-    csv.writer(f).writerows([header] + table)
-os.replace(tmp, out / "table1.csv")
-lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-lines += ["| " + " | ".join(row) + " |" for row in table]
-tmp = out / "table1.md.tmp"
-tmp.write_text("\n".join(lines) + "\n")
-os.replace(tmp, out / "table1.md")
-print("\n".join(lines))
-print(f"table1.sh: wrote {out / 'table1.csv'} and {out / 'table1.md'}")
+bleu = [[a] + [cell(runs[a, d], "bleu", 2) for d in depths] for a in archs]
+loss = [[a] + [cell(runs[a, d], "valid_loss", 3) for d in depths] for a in archs]
+write(out / "table1.csv", csv_text([header] + bleu))
+write(out / "table1_valid_loss.csv", csv_text([header] + loss))
+md = ("Test BLEU (or 'diverged'):\n\n" + markdown(header, bleu)
+      + "\nValidation loss (base 2, or 'diverged'):\n\n" + markdown(header, loss))
+write(out / "table1.md", md)
+print(md, end="")
+print(f"table1.sh: wrote {out / 'table1.csv'}, {out / 'table1_valid_loss.csv'} and {out / 'table1.md'}")
 PY

@@ -285,6 +285,8 @@ def test_table1_layout_from_runs_csv(tmp_path):
         "method,2L-2L,12L-12L",
         "postln_transformer_iwslt_de_en,4.00,diverged",  # mean over seeds; any diverged seed -> diverged
         "deepnet_transformer_iwslt_de_en,2.50,6.50"]
+    assert (tmp_path / "table1_valid_loss.csv").read_text().splitlines()[1:] == [
+        "postln_transformer_iwslt_de_en,7.050,diverged", "deepnet_transformer_iwslt_de_en,6.900,6.400"]
     assert "| deepnet_transformer_iwslt_de_en | 2.50 | 6.50 |" in (tmp_path / "table1.md").read_text()
     missing = run([script, "--out", tmp_path, "--methods", "b2t_transformer", "--depths", "2", "--format-only"],
                   check=False)
