@@ -43,13 +43,21 @@ def check_restore_checkpoint(cfg):
     """Verify the checkpoint fairseq-train is about to resume from (legacy models carry its options)."""
     save_dir = getattr(cfg, "save_dir", None)
     restore_file = getattr(cfg, "restore_file", None)
-    if save_dir is None or restore_file is None or getattr(cfg, "distributed_rank", 0) != 0:
-        return
+    if save_dir is None or restore_file is None or not _first_rank(cfg):
+        return  # rank 0 reads the checkpoint and broadcasts it (fairseq's default)
     if restore_file == "checkpoint_last.pt":
         suffix = getattr(cfg, "checkpoint_suffix", "") or ""
         repair_last_checkpoint(os.path.join(save_dir, f"checkpoint_last{suffix}.pt"))
     elif os.path.exists(restore_file):
         verify_checkpoint(restore_file)
+
+
+def _first_rank(cfg):
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return getattr(cfg, "distributed_rank", 0) == 0
 
 
 @register_task("translation_exact_resume", dataclass=TranslationConfig)
