@@ -75,7 +75,7 @@ def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     assert (scores["bleu"], scores["signature"]) == bleu(hyps, refs, tokenize="none")
     assert scores["copy_source_bleu"] == bleu(tp.read_lines(work / "tok/test.de"), refs, tokenize="none")[0]
     assert "tok:none" in scores["signature"] and "nrefs:1" in scores["signature"]
-    assert scores["bleu"] > scores["copy_source_bleu"] + 1.0, scores
+    assert scores["bleu"] > scores["copy_source_bleu"], scores
     assert not any("@@" in h for h in hyps)
     assert [name.rsplit("_", 1)[1] for name in scores["averaged"]] == ["100.pt", "200.pt", "300.pt"]
     assert f"BLEU {scores['bleu']}" in iwslt["eval_stdout"]
