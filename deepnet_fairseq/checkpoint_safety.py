@@ -9,8 +9,8 @@ torch >= 2.6 loads with ``weights_only=True`` by default; fairseq checkpoints th
 - with ``--eval-bleu`` (meters hold numpy values): numpy's array reconstructor, ``ndarray``,
   ``dtype`` and the Int64/Float64 dtype classes;
 - distributed resume (rank 0 broadcasts state through ``torch.save``/``torch.load``): omegaconf's
-  containers and their metadata, ``collections.defaultdict``, ``typing.Any`` and fairseq's
-  ``_TensorPlaceholder``.
+  containers and their metadata (which name the types ``dict``, ``int`` and ``list``),
+  ``collections.defaultdict``, ``typing.Any`` and fairseq's ``_TensorPlaceholder``.
 
 Anything else (for instance an object whose ``__reduce__`` runs a shell command) is still refused.
 """
@@ -44,6 +44,9 @@ def fairseq_checkpoint_globals():
 
     return [
         argparse.Namespace,
+        dict,
+        int,
+        list,
         collections.defaultdict,
         typing.Any,
         DictConfig,

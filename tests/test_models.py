@@ -82,8 +82,8 @@ def test_overrides_replace_only_their_value():
 def test_cli_overrides_reach_the_layers():
     model = build("deepnet_transformer", "--encoder-layers", 2, "--decoder-layers", 3,
                   "--deepnorm-encoder-alpha", 1.5, "--deepnorm-decoder-alpha", 2.5)
-    assert [layer.deepnorm_alpha for layer in model.encoder.layers] == [1.5, 1.5]
-    assert [layer.deepnorm_alpha for layer in model.decoder.layers] == [2.5] * 3
+    assert [layer.deepnorm_alpha.item() for layer in model.encoder.layers] == [1.5, 1.5]
+    assert [layer.deepnorm_alpha.item() for layer in model.decoder.layers] == [2.5] * 3
 
 
 @pytest.mark.parametrize("extra,option", [

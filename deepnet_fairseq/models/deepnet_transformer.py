@@ -6,19 +6,23 @@ only ``residual_connection`` changes. At build, FFN ``fc1``/``fc2`` and the atte
 ``k_proj`` get ``xavier_normal_(w, gain=1)``, as in the paper's pseudo-code. Biases and embeddings
 keep fairseq's initialisation: the paper says nothing about them (torchscale also scales biases;
 this plugin does not). The decoder's cross-attention uses the decoder's beta.
+
+Each layer keeps its alpha as a (persistent) buffer: checkpoints record the constants they were
+trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model of the same shape.
 """
 
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+import torch
 from torch import nn
 
 from .deepnorm import DeepNormConstants, deepnorm_constants
+from .layer_class_model import LayerClassTransformerModel, require_post_ln
 from .layers import LayerClassDecoder, LayerClassEncoder
 from .sizes import register_size_variants
 
@@ -39,15 +43,6 @@ class DeepNetConfig(TransformerConfig):
     deepnorm_decoder_beta: Optional[float] = field(
         default=None, metadata={"help": "override the decoder's DeepNorm init gain beta (default: the paper's formula)"}
     )
-
-    @classmethod
-    def from_namespace(cls, args):
-        if isinstance(args, TransformerConfig) and not isinstance(args, cls):
-            # fairseq's legacy model hands its builders an already structured TransformerConfig
-            cfg = cls()
-            vars(cfg).update(vars(args))
-            return cfg
-        return super().from_namespace(args)
 
     def deepnorm(self) -> DeepNormConstants:
         """The effective constants: the paper's formulas for this depth, with any overrides."""
@@ -78,7 +73,7 @@ class DeepNormEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         constants = cfg.deepnorm()
-        self.deepnorm_alpha = constants.encoder_alpha
+        self.register_buffer("deepnorm_alpha", torch.tensor(constants.encoder_alpha))
         deepnorm_init_([self.self_attn], [self.fc1, self.fc2], constants.encoder_beta)
 
     def residual_connection(self, x, residual):
@@ -89,7 +84,7 @@ class DeepNormDecoderLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         constants = cfg.deepnorm()
-        self.deepnorm_alpha = constants.decoder_alpha
+        self.register_buffer("deepnorm_alpha", torch.tensor(constants.decoder_alpha))
         deepnorm_init_([self.self_attn, self.encoder_attn], [self.fc1, self.fc2], constants.decoder_beta)
 
     def residual_connection(self, x, residual):
@@ -104,16 +99,8 @@ class DeepNetDecoder(LayerClassDecoder):
     layer_class = DeepNormDecoderLayer
 
 
-def check_depth(args):
-    """Depth 0 or negative is a configuration error, named by its option."""
-    for option in ("encoder_layers", "decoder_layers"):
-        value = getattr(args, option, None)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"--{option.replace('_', '-')} must be a positive integer, got {value!r}")
-
-
 @register_model("deepnet_transformer")
-class DeepNetTransformerModel(TransformerModel):
+class DeepNetTransformerModel(LayerClassTransformerModel):
     """fairseq's ``transformer`` with DeepNorm residuals and init; same options plus ``--deepnorm-*``."""
 
     config_class = DeepNetConfig
@@ -121,29 +108,10 @@ class DeepNetTransformerModel(TransformerModel):
     decoder_class = DeepNetDecoder
 
     @classmethod
-    def add_args(cls, parser):
-        gen_parser_from_dataclass(parser, cls.config_class(), delete_default=True, with_prefix="")
-
-    @classmethod
-    def build_model(cls, args, task):
-        check_depth(args)
-        if getattr(args, "encoder_normalize_before", False) or getattr(args, "decoder_normalize_before", False):
-            raise ValueError(
-                "--encoder-normalize-before/--decoder-normalize-before: DeepNorm is a Post-LN placement; "
-                "use --arch preln_transformer for Pre-LN"
-            )
+    def check_args(cls, args):
+        require_post_ln(args, "DeepNorm")
         constants = cls.config_class.from_namespace(args).deepnorm()  # validates the overrides
         logger.info(constants.describe())
-        return super().build_model(args, task)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return cls.encoder_class(cls.config_class.from_namespace(args), src_dict, embed_tokens)
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = cls.config_class.from_namespace(args)
-        return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
 def deepnet_defaults(args):

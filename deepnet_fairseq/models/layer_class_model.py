@@ -11,8 +11,30 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.modules import LayerNorm
 from torch import nn
 
-from .deepnet_transformer import check_depth
 from .layers import LayerClassDecoder, LayerClassEncoder
+
+
+def check_depth(args):
+    """Depth 0 or negative is a configuration error, named by its option."""
+    for option in ("encoder_layers", "decoder_layers"):
+        value = getattr(args, option, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"--{option.replace('_', '-')} must be a positive integer, got {value!r}")
+
+
+def as_config(config_class, cfg):
+    """``cfg`` as a ``config_class`` (a TransformerConfig subclass) with the same values.
+
+    fairseq's legacy model hands its builders an already structured TransformerConfig, which
+    ``from_namespace`` cannot convert; an argparse Namespace goes through ``from_namespace``.
+    """
+    if isinstance(cfg, config_class):
+        return cfg
+    if isinstance(cfg, TransformerConfig):
+        config = config_class()
+        vars(config).update(vars(cfg))
+        return config
+    return config_class.from_namespace(cfg)
 
 
 class LayerClassTransformerModel(TransformerModel):
@@ -41,10 +63,11 @@ class LayerClassTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return cls.encoder_class(cfg, src_dict, embed_tokens)
+        return cls.encoder_class(as_config(cls.config_class, cfg), src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        cfg = as_config(cls.config_class, cfg)
         return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 

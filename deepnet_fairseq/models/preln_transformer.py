@@ -8,7 +8,7 @@ gradients are well-behaved at initialisation, so it trains without learning-rate
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerModel
 
-from .deepnet_transformer import check_depth
+from .layer_class_model import check_depth
 from .sizes import register_size_variants
 
 
