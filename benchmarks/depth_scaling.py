@@ -30,19 +30,30 @@ DEPTHS = [6, 25, 50, 100, 250, 500]
 FIELDS = [
     "layers_per_stack", "total_layers", "checkpoint_activations", "parameters", "build_s", "s_per_update",
     "cpu_s_per_update",
-    "persistent_mib", "step_peak_mib", "activation_mib", "saved_for_backward_mib", "rss_peak_mib",
+    "persistent_mib", "step_peak_mib", "activation_mib", "saved_for_backward_mib", "rss_between_steps_mib",
+    "rss_step_peak_mib", "rss_step_increase_mib",
     "loss", "grad_norm", "encoder_alpha", "decoder_alpha",
 ]
 
 
-def peak_rss_mib():
+def status_mib(field):
+    """VmRSS / VmHWM of this process in MiB (Linux /proc)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, width=WIDTH):
+def reset_peak_rss():
+    """Reset VmHWM to the current RSS (Linux: write 5 to /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+# glibc returns blocks >= this size to the OS on free, so RSS follows torch's live tensors
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, width=WIDTH, profile_max_layers=100):
     """Build one deep model and train it a few steps; every number it returns was measured here."""
     import logging
 
@@ -64,7 +75,14 @@ def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, widt
     checked_step()  # warm-up: allocates gradients and Adam state
     seconds = sorted(checked_step() for _ in range(timed_steps))
     cpu = sorted(cpu_seconds[1:])
-    persistent, peak = bench.peak_step_bytes()
+    # process-level step peak: RSS between steps, then the high-water mark of one more step
+    rss_between = status_mib("VmRSS")
+    reset_peak_rss()
+    checked_step()
+    rss_step_peak = status_mib("VmHWM")
+    persistent = bench.persistent_bytes()
+    # torch-allocator peak (exact, but torch.profiler's event log grows with depth: only up to a limit)
+    peak = bench.peak_step_bytes()[1] if layers <= profile_max_layers else None
     norms.append(bench.grad_norm())
     saved = bench.saved_activation_bytes()
     summary = deepnorm_summary(bench.model)
@@ -78,10 +96,12 @@ def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, widt
         "s_per_update": round(seconds[len(seconds) // 2], 4),
         "cpu_s_per_update": round(cpu[len(cpu) // 2], 4),
         "persistent_mib": round(persistent / mib, 2),
-        "step_peak_mib": round(peak / mib, 2),
-        "activation_mib": round((peak - persistent) / mib, 2),
+        "step_peak_mib": round(peak / mib, 2) if peak is not None else None,
+        "activation_mib": round((peak - persistent) / mib, 2) if peak is not None else None,
         "saved_for_backward_mib": round(saved / mib, 2),
-        "rss_peak_mib": round(peak_rss_mib(), 1),
+        "rss_between_steps_mib": round(rss_between, 1),
+        "rss_step_peak_mib": round(rss_step_peak, 1),
+        "rss_step_increase_mib": round(rss_step_peak - rss_between, 1),
         "loss": round(losses[-1], 4),
         "grad_norm": round(norms[-1], 5),
         "all_losses_finite": all(math.isfinite(v) for v in losses),
@@ -92,16 +112,22 @@ def measure_one(layers, checkpoint_activations, timed_steps=2, batch=BATCH, widt
     }
 
 
-def run_in_subprocess(layers, checkpoint_activations, timed_steps):
-    cmd = [sys.executable, "-m", "benchmarks.depth_scaling", "--one", str(layers), "--timed-steps", str(timed_steps)]
+def run_in_subprocess(layers, checkpoint_activations, timed_steps, profile_max_layers):
+    cmd = [sys.executable, "-m", "benchmarks.depth_scaling", "--one", str(layers), "--timed-steps", str(timed_steps),
+           "--profile-max-layers", str(profile_max_layers)]
     if checkpoint_activations:
         cmd.append("--checkpoint-activations")
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **CHILD_ENV)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1], env=env)
+
+
+def collect(proc):
+    stdout, stderr = proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    row["plugin_log"] = [line for line in proc.stderr.splitlines() if "DeepNorm:" in line]
+        raise RuntimeError(f"{' '.join(proc.args)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    row = json.loads(stdout.strip().splitlines()[-1])
+    row["plugin_log"] = [line for line in stderr.splitlines() if "DeepNorm:" in line]
     return row
 
 
@@ -117,6 +143,10 @@ def linear_fit(xs, ys):
     return a, b, 1 - ss_res / ss_tot if ss_tot else 1.0
 
 
+def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
 def plot(rows, path):
     import matplotlib
 
@@ -128,16 +158,17 @@ def plot(rows, path):
         sel = sorted((r for r in rows if r["checkpoint_activations"] == ckpt), key=lambda r: r["total_layers"])
         label = "checkpoint activations" if ckpt else "no checkpointing"
         x = [r["total_layers"] for r in sel]
-        axes[0].plot(x, [r["step_peak_mib"] for r in sel], style, label=f"step peak, {label}")
+        axes[0].plot(x, [r["rss_step_peak_mib"] for r in sel], style, label=f"process peak RSS, {label}")
         axes[0].plot(x, [r["persistent_mib"] for r in sel], ":", color="gray")
-        axes[1].plot(x, [r["activation_mib"] for r in sel], style, label=label)
+        axes[1].plot(x, [r["rss_step_increase_mib"] for r in sel], style, label=f"RSS rise in a step, {label}")
+        axes[1].plot(x, [r["saved_for_backward_mib"] for r in sel], style, alpha=0.5, label=f"saved for backward, {label}")
         axes[2].plot(x, [r["cpu_s_per_update"] for r in sel], style, label=label)
-    axes[0].set(title="torch peak memory per step (gray: params+grads+Adam)", xlabel="total layers", ylabel="MiB")
-    axes[1].set(title="activation + workspace memory", xlabel="total layers", ylabel="MiB")
+    axes[0].set(title="peak RSS during a step (gray: params+grads+Adam)", xlabel="total layers", ylabel="MiB")
+    axes[1].set(title="activation memory", xlabel="total layers", ylabel="MiB")
     axes[2].set(title="CPU seconds per update (1 thread)", xlabel="total layers", ylabel="s")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(f"deepnet_transformer d{WIDTH['dim']} FFN {WIDTH['ffn']}, {BATCH.target_tokens} target tokens/batch")
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
@@ -146,33 +177,38 @@ def plot(rows, path):
 
 
 def report(rows):
-    lines = ["| layers | ckpt | params | build s | s/update | CPU s/update | persistent MiB | step peak MiB | activation MiB "
-             "| saved-for-backward MiB | peak RSS MiB | loss | grad norm | enc alpha | dec alpha |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| layers | ckpt | params | build s | s/update | CPU s/update | persistent MiB | torch step peak MiB "
+             "| torch activation MiB | saved-for-backward MiB | RSS between steps MiB | RSS step peak MiB "
+             "| RSS rise in step MiB | loss | grad norm | enc alpha | dec alpha |",
+             "|" + "---|" * 17]
     for r in sorted(rows, key=lambda r: (r["checkpoint_activations"], r["total_layers"])):
         lines.append(
             f"| {r['layers_per_stack']}L-{r['layers_per_stack']}L | {'on' if r['checkpoint_activations'] else 'off'} "
-            f"| {r['parameters']:,} | {r['build_s']:.2f} | {r['s_per_update']:.3f} | {r['cpu_s_per_update']:.3f} "
-            f"| {r['persistent_mib']:.1f} "
-            f"| {r['step_peak_mib']:.1f} | {r['activation_mib']:.1f} | {r['saved_for_backward_mib']:.1f} "
-            f"| {r['rss_peak_mib']:.0f} | {r['loss']:.3f} | {r['grad_norm']:.4f} | {r['encoder_alpha']:.3f} "
+            f"| {r['parameters']:,} | {r['build_s']:.2f} | {r['s_per_update']:.2f} | {r['cpu_s_per_update']:.2f} "
+            f"| {r['persistent_mib']:.1f} | {fmt(r['step_peak_mib'], '.1f')} | {fmt(r['activation_mib'], '.1f')} "
+            f"| {r['saved_for_backward_mib']:.1f} | {r['rss_between_steps_mib']:.0f} | {r['rss_step_peak_mib']:.0f} "
+            f"| {r['rss_step_increase_mib']:.0f} | {r['loss']:.3f} | {r['grad_norm']:.4f} | {r['encoder_alpha']:.3f} "
             f"| {r['decoder_alpha']:.3f} |")
     lines.append("")
     for ckpt in (False, True):
         sel = [r for r in rows if r["checkpoint_activations"] == ckpt]
         if len(sel) >= 3:
             x = [r["total_layers"] for r in sel]
-            a, b, r2 = linear_fit(x, [r["step_peak_mib"] for r in sel])
-            lines.append(f"- checkpointing {'on' if ckpt else 'off'}: step peak = {a:.1f} MiB + {b:.3f} MiB/layer "
-                         f"x layers, R^2 = {r2:.5f}")
+            for key, what in (("rss_step_peak_mib", "process peak RSS"), ("saved_for_backward_mib", "saved for backward"),
+                              ("persistent_mib", "params+grads+Adam")):
+                a, b, r2 = linear_fit(x, [r[key] for r in sel])
+                lines.append(f"- checkpointing {'on' if ckpt else 'off'}: {what} = {a:.1f} MiB + {b:.3f} MiB/layer "
+                             f"x layers, R^2 = {r2:.5f}")
     deepest = max(r["total_layers"] for r in rows)
     on = {r["total_layers"]: r for r in rows if r["checkpoint_activations"]}
     off = {r["total_layers"]: r for r in rows if not r["checkpoint_activations"]}
     if deepest in on and deepest in off:
-        cut = 1 - on[deepest]["activation_mib"] / off[deepest]["activation_mib"]
-        lines.append(f"- at {deepest} layers checkpointing cuts activation memory from "
-                     f"{off[deepest]['activation_mib']:.0f} to {on[deepest]['activation_mib']:.0f} MiB ({cut:.0%}) "
-                     f"and costs {on[deepest]['cpu_s_per_update'] / off[deepest]['cpu_s_per_update']:.2f}x CPU time per update")
+        lo, hi = on[deepest], off[deepest]
+        lines.append(f"- at {deepest} layers checkpointing cuts the bytes saved for backward from "
+                     f"{hi['saved_for_backward_mib']:.0f} to {lo['saved_for_backward_mib']:.0f} MiB, the RSS rise during a "
+                     f"step from {hi['rss_step_increase_mib']:.0f} to {lo['rss_step_increase_mib']:.0f} MiB and the "
+                     f"process peak from {hi['rss_step_peak_mib']:.0f} to {lo['rss_step_peak_mib']:.0f} MiB, for "
+                     f"{lo['cpu_s_per_update'] / hi['cpu_s_per_update']:.2f}x CPU time per update")
     return "\n".join(lines)
 
 
@@ -180,13 +216,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="layers per stack, comma-separated")
     parser.add_argument("--timed-steps", type=int, default=2, help="timed updates per configuration (default 2)")
+    parser.add_argument("--profile-max-layers", type=int, default=100,
+                        help="measure torch's allocator peak with torch.profiler up to this depth (default 100)")
     parser.add_argument("--out-dir", default="benchmarks/results", help="where the CSV, plot and JSON go")
     parser.add_argument("--name", default="depth_scaling", help="file stem of the outputs")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one configuration, JSON on stdout
     parser.add_argument("--checkpoint-activations", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(measure_one(args.one, args.checkpoint_activations, args.timed_steps)))
+        print(json.dumps(measure_one(args.one, args.checkpoint_activations, args.timed_steps,
+                                     profile_max_layers=args.profile_max_layers)))
         return None
     try:
         depths = [int(d) for d in args.depths.split(",")]
@@ -196,22 +235,29 @@ def main(argv=None):
         parser.error("--depths must be positive")
     info = machine()
     print(f"# machine: {info}", flush=True)
-    rows = []
-    for layers in depths:
-        for ckpt in (False, True):
-            row = run_in_subprocess(layers, ckpt, args.timed_steps)
-            print(f"  {layers}L-{layers}L ckpt={'on' if ckpt else 'off'}: {row['parameters']:,} params, "
-                  f"build {row['build_s']:.1f} s, {row['s_per_update']:.2f} s/update ({row['cpu_s_per_update']:.2f} CPU s), step peak "
-                  f"{row['step_peak_mib']:.0f} MiB, loss {row['loss']:.3f}, grad norm {row['grad_norm']:.4f}; "
-                  f"plugin log: {row['plugin_log']}", flush=True)
-            rows.append(row)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    done_rows = out / f"{args.name}.rows.jsonl"  # one finished configuration per line: reruns skip them
+    rows = [json.loads(line) for line in done_rows.read_text().splitlines()] if done_rows.exists() else []
+    for layers in depths:
+        todo = [ckpt for ckpt in (False, True)
+                if not any(r["layers_per_stack"] == layers and r["checkpoint_activations"] == ckpt for r in rows)]
+        procs = [(ckpt, run_in_subprocess(layers, ckpt, args.timed_steps, args.profile_max_layers)) for ckpt in todo]
+        for ckpt, proc in procs:  # checkpointing off and on run side by side, one thread each
+            row = collect(proc)
+            print(f"  {layers}L-{layers}L ckpt={'on' if ckpt else 'off'}: {row['parameters']:,} params, "
+                  f"build {row['build_s']:.1f} s, {row['s_per_update']:.2f} s/update ({row['cpu_s_per_update']:.2f} CPU s), "
+                  f"peak RSS {row['rss_step_peak_mib']:.0f} MiB, loss {row['loss']:.3f}, grad norm {row['grad_norm']:.4f}; "
+                  f"plugin log: {row['plugin_log']}", flush=True)
+            rows.append(row)
+            with open(done_rows, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    rows = [r for r in rows if r["layers_per_stack"] in depths]
     tmp = out / f"{args.name}.csv.tmp"
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(sorted(rows, key=lambda r: (r["checkpoint_activations"], r["total_layers"])))
     tmp.replace(out / f"{args.name}.csv")
     plot(rows, out / f"{args.name}.png")
     write_json(out / f"{args.name}.json", {"machine": info, "command": " ".join(sys.argv), "width": WIDTH,

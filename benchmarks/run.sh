@@ -44,7 +44,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     throughput) run_step throughput "$PYTHON" -m benchmarks.throughput --shapes cpu --rounds 7 --steps 2 --out "$OUT/throughput_cpu.json" ;;
     profile) run_step profile "$PYTHON" -m benchmarks.profile_ops --shape 6L-6L-d128 --repeats 5 --fused --out "$OUT/profile_ops_6L.json" ;;
-    depth) run_step depth "$PYTHON" -m benchmarks.depth_scaling --out-dir "$OUT" ;;
+    depth) run_step depth "$PYTHON" -m benchmarks.depth_scaling --timed-steps 1 --profile-max-layers 50 --out-dir "$OUT" ;;
     inference) run_step inference "$PYTHON" -m benchmarks.inference --layers 12 --max-update 40 --rounds 3 --out "$OUT/inference_cpu.json"
                # same checkpoints (training is skipped), plus the one-kernel residual candidate
                run_step inference_fused "$PYTHON" -m benchmarks.inference --layers 12 --max-update 40 --rounds 3 \
