@@ -205,7 +205,7 @@ def fuse_deepnorm_residual(model):
     from deepnet_fairseq.models.deepnet_transformer import DeepNormDecoderLayer, DeepNormEncoderLayer
 
     def residual_connection(self, x, residual):
-        return torch.add(x, residual, alpha=self.deepnorm_alpha)
+        return torch.add(x, residual, alpha=float(self.deepnorm_alpha))
 
     layers = [m for m in model.modules() if isinstance(m, (DeepNormEncoderLayer, DeepNormDecoderLayer))]
     for layer in layers:
@@ -236,15 +236,16 @@ def synthetic_sample(dictionary, batch, seed=0):
 
 
 def deepnorm_summary(model):
-    """The alpha/beta the built model actually uses (read from its layers and config)."""
-    from deepnet_fairseq.models.deepnet_transformer import DeepNetConfig
+    """The alpha each built layer actually uses, and the paper's constants for the model's depth."""
+    from deepnet_fairseq.models import deepnorm_constants
 
-    encoder_alpha = {getattr(layer, "deepnorm_alpha", None) for layer in model.encoder.layers}
-    decoder_alpha = {getattr(layer, "deepnorm_alpha", None) for layer in model.decoder.layers}
-    constants = DeepNetConfig.from_namespace(model.args if hasattr(model, "args") else model.cfg).deepnorm()
+    def alphas(layers):
+        return sorted({round(float(getattr(layer, "deepnorm_alpha", float("nan"))), 6) for layer in layers})
+
+    constants = deepnorm_constants(len(model.encoder.layers), len(model.decoder.layers))
     return {
-        "encoder_alpha_in_layers": sorted(encoder_alpha, key=str),
-        "decoder_alpha_in_layers": sorted(decoder_alpha, key=str),
+        "encoder_alpha_in_layers": alphas(model.encoder.layers),
+        "decoder_alpha_in_layers": alphas(model.decoder.layers),
         "constants": constants.describe(),
     }
 
