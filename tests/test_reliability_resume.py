@@ -261,8 +261,6 @@ def test_damaged_last_checkpoint_is_replaced_by_the_newest_complete_one(tmp_path
     assert repair_last_checkpoint(str(last)) is None  # intact now: nothing to do
 
 
-@pytest.mark.xfail(strict=True, reason="needs the lead's one-line change: deepnet_fairseq/__init__.py importing "
-                   "`training` beside `criterions, models`, so that --user-dir deepnet_fairseq registers the task")
 def test_plugin_user_dir_registers_the_exact_resume_task():
     proc = run([BIN / "python", "-c", "import deepnet_fairseq; from fairseq.tasks import TASK_REGISTRY; "
                 "print('translation_exact_resume' in TASK_REGISTRY)"], check=False)
