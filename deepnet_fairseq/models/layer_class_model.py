@@ -78,6 +78,14 @@ def require_post_ln(args, method):
             raise ValueError(f"--{option.replace('_', '-')}: {method} is a Post-LN method")
 
 
+def require_pre_ln(args, method):
+    """Methods defined on the Pre-LN placement keep ``--*-normalize-before`` and the final decoder LayerNorm."""
+    if not (getattr(args, "encoder_normalize_before", False) and getattr(args, "decoder_normalize_before", False)):
+        raise ValueError(f"--encoder/--decoder-normalize-before: {method} is a Pre-LN method, they must stay on")
+    if getattr(args, "no_decoder_final_norm", False):
+        raise ValueError(f"--no-decoder-final-norm: {method} needs the final decoder LayerNorm")
+
+
 def require_no_layer_norm(args, method):
     """Methods without any LayerNorm refuse the options that would add one."""
     for option in ("encoder_normalize_before", "decoder_normalize_before", "layernorm_embedding"):

@@ -26,7 +26,7 @@ from fairseq.modules.quant_noise import quant_noise
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import nn
 
-from .layer_class_model import LayerClassTransformerModel, NormedLinear
+from .layer_class_model import LayerClassTransformerModel, NormedLinear, require_pre_ln
 from .layers import LayerClassEncoder
 from .preln_transformer import preln_defaults
 from .sizes import register_size_variants
@@ -77,8 +77,7 @@ class NormFormerTransformerModel(LayerClassTransformerModel):
 
     @classmethod
     def check_args(cls, args):
-        if not (args.encoder_normalize_before and args.decoder_normalize_before):
-            raise ValueError("NormFormer is a Pre-LN method: --encoder/--decoder-normalize-before must stay on")
+        require_pre_ln(args, "NormFormer")
 
 
 def normformer_defaults(args):

@@ -6,20 +6,18 @@ gradients are well-behaved at initialisation, so it trains without learning-rate
 """
 
 from fairseq.models import register_model
-from fairseq.models.transformer import TransformerModel
 
-from .layer_class_model import check_depth
+from .layer_class_model import LayerClassTransformerModel, require_pre_ln
 from .sizes import register_size_variants
 
 
 @register_model("preln_transformer")
-class PreLNTransformerModel(TransformerModel):
+class PreLNTransformerModel(LayerClassTransformerModel):
+    """fairseq's own layers; only the defaults differ."""
+
     @classmethod
-    def build_model(cls, args, task):
-        check_depth(args)
-        if getattr(args, "no_decoder_final_norm", False):
-            raise ValueError("--no-decoder-final-norm: Pre-LN needs the final decoder LayerNorm")
-        return super().build_model(args, task)
+    def check_args(cls, args):
+        require_pre_ln(args, "Pre-LN")
 
 
 def preln_defaults(args):

@@ -25,7 +25,7 @@ from fairseq.models import register_model
 from fairseq.modules.quant_noise import quant_noise
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from .layer_class_model import LayerClassTransformerModel, NormedLinear
+from .layer_class_model import LayerClassTransformerModel, NormedLinear, require_pre_ln
 from .layers import LayerClassDecoder, LayerClassEncoder
 from .preln_transformer import preln_defaults
 from .sizes import register_size_variants
@@ -92,10 +92,7 @@ class SubLNTransformerModel(LayerClassTransformerModel):
 
     @classmethod
     def check_args(cls, args):
-        if not (args.encoder_normalize_before and args.decoder_normalize_before):
-            raise ValueError("Sub-LN keeps Pre-LN's LayerNorms: --encoder/--decoder-normalize-before must stay on")
-        if getattr(args, "no_decoder_final_norm", False):
-            raise ValueError("--no-decoder-final-norm: Sub-LN needs the final decoder LayerNorm")
+        require_pre_ln(args, "Sub-LN")
 
 
 register_size_variants("subln_transformer", preln_defaults)
