@@ -202,8 +202,6 @@ def test_averaged_checkpoint_is_the_mean_and_loads_weights_only(runs, tmp_path):
     assert torch.allclose(got[key], (a[key] + b[key]) / 2, atol=1e-7) and not torch.equal(a[key], b[key])
 
 
-@pytest.mark.xfail(strict=True, reason="deepnet_fairseq/setups/average.py (setups helper) passes torch's "
-                   "'PytorchStreamReader failed ... central directory' error through without the file name")
 def test_averaging_a_truncated_checkpoint_names_the_file(runs, tmp_path):
     from deepnet_fairseq.setups.average import average_checkpoints
 

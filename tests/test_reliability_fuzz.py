@@ -74,8 +74,6 @@ def test_sentencepiece_keeps_line_count(subword_models, text):
     assert_aligned(text, textprep.sentencepiece_encode(text, spm_model))
 
 
-@pytest.mark.xfail(strict=True, reason="setups' textprep.read_lines drops trailing empty lines (rstrip): "
-                   "['0', ''] reads back as ['0'] (reported to the setups helper)")
 @FUZZ
 @given(text=lines)
 @example(text=["0", ""])
@@ -90,8 +88,6 @@ def test_written_lines_read_back_unchanged(tmp_path, text):
     assert back == text
 
 
-@pytest.mark.xfail(strict=True, reason="setups' config.parse_override lets yaml's ReaderError escape for "
-                   "'a=\\x1f' (a traceback instead of a one-line ConfigError; reported to the setups helper)")
 @FUZZ
 @given(text=st.text(max_size=60))
 @example(text="prep.bpe_merges=\x1f")

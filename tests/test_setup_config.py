@@ -99,6 +99,7 @@ def test_dry_run_prints_multi_node_fp16_commands():
                              "--master_port=29500"]
         opts = dict(zip(argv[7:], argv[8:]))
         assert opts["--arch"] == "deepnet_transformer_wmt_en_de" and opts["--encoder-layers"] == "100"
+        assert opts["--task"] == "translation_exact_resume"  # resumes bit-exactly (docs/reliability.md)
         assert opts["--update-freq"] == "2" and opts["--distributed-world-size"] == "16"
         assert opts["--lr"] == "0.0005" and opts["--max-tokens"] == "4096" and opts["--ddp-backend"] == "c10d"
         assert "--fp16" in argv and "--cpu" not in argv and "--share-all-embeddings" in argv
@@ -109,6 +110,7 @@ def test_dry_run_single_gpu_postln_and_cpu_gloo(capsys):
     argv = shlex.split(commands[0])
     assert argv[0].endswith("fairseq-train") and "--fp16" not in argv
     assert argv[argv.index("--arch") + 1] == "transformer_wmt_en_de" and argv[argv.index("--update-freq") + 1] == "32"
+    assert argv[argv.index("--task") + 1] == "translation_exact_resume"
     commands, _ = _dry_run_in_process(capsys, "--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2")
     argv = shlex.split(commands[0])
     assert argv[0].endswith("torchrun") and "--nproc_per_node=2" in argv and "--cpu" in argv and "--fp16" not in argv
@@ -196,3 +198,22 @@ def test_prepare_rejects_missing_raw_dir_and_misaligned_text(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {raw / 'train.de'}: 3 lines but {raw / 'train.en'} has 2 (misaligned parallel text)"
     assert not (tmp_path / "w" / "tok" / ".done").exists()
+
+
+def test_generate_keeps_every_test_sentence(monkeypatch, tmp_path):
+    """fairseq 0.12 drops a last batch whose size is not a multiple of 8 unless told otherwise."""
+    import subprocess
+
+    from deepnet_fairseq.setups import evaluate
+
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout="H-1\t-0.5\tb\nH-0\t-0.1\ta\n", stderr="")
+
+    monkeypatch.setattr(evaluate.subprocess, "run", fake_run)
+    cfg = cfgmod.load(CONFIGS["iwslt14_de_en"])
+    assert evaluate.generate(cfg, tmp_path / "model.pt", [], True, tmp_path / "generate.log") == ["a", "b"]
+    argv = seen[0]
+    assert argv[argv.index("--required-batch-size-multiple") + 1] == "1" and "--cpu" in argv

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import deepnet_fairseq  # noqa: F401  (weights-only allow-list)
+from deepnet_fairseq.training.checkpoint_integrity import CorruptCheckpointError, verify_checkpoint
 
 
 def last_checkpoints(folder, k):
@@ -26,10 +27,15 @@ def last_checkpoints(folder, k):
 
 
 def average_checkpoints(paths, output):
-    """Write the element-wise mean of the models in ``paths`` to ``output`` (atomically); returns ``output``."""
+    """Write the element-wise mean of the models in ``paths`` to ``output`` (atomically); returns ``output``.
+
+    Every checkpoint is verified first (``CorruptCheckpointError`` names a truncated or corrupted file),
+    so nothing is written unless all of them are complete."""
     import torch
 
     output = Path(output)
+    for path in paths:
+        verify_checkpoint(path)
     total, state = None, None
     for path in paths:
         state = torch.load(path, map_location="cpu")  # weights-only, with the plugin's allow-list
@@ -57,10 +63,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         paths = last_checkpoints(args.checkpoint_dir, args.last)
-    except FileNotFoundError as err:
+        average_checkpoints(paths, args.output)
+    except (FileNotFoundError, CorruptCheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    average_checkpoints(paths, args.output)
     print(f"averaged {', '.join(p.name for p in paths)} -> {args.output}")
     return 0
 

@@ -192,7 +192,11 @@ def parse_override(text, where="command line"):
     if "=" not in text:
         raise ConfigError(f"{where}: override '{text}' is not of the form section.key=value")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:  # ReaderError (control characters), ScannerError, ParserError, ...
+        reason = " ".join(str(err).split())
+        raise ConfigError(f"{where}: override '{text}' has a value that is not valid YAML ({reason})") from None
     nested = value
     for part in reversed(key.strip().split(".")):
         nested = {part: nested}

@@ -40,7 +40,9 @@ def generate(cfg, checkpoint, gen_args, cpu, log_path):
     ev = cfg["eval"]
     cmd = [program, str(Path(cfg["paths"]["work"]) / "bin"), "--user-dir", str(PACKAGE_DIR), "--path", str(checkpoint),
            "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
-           "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"])] + gen_args + (["--cpu"] if cpu else [])
+           "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"]),
+           # fairseq 0.12's batch_by_size drops a last batch whose size is not a multiple of 8 otherwise
+           "--required-batch-size-multiple", "1"] + gen_args + (["--cpu"] if cpu else [])
     print("[evaluate] " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log_path.write_text(proc.stdout + proc.stderr, encoding="utf-8")

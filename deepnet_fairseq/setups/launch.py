@@ -92,7 +92,9 @@ def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir)
                  "--langs", ",".join(data["langs"]), "--encoder-langtok", "src", "--decoder-langtok",
                  "--sampling-method", "temperature", "--sampling-temperature", train["sampling_temperature"]]
     else:
-        args += ["--source-lang", data["source_lang"], "--target-lang", data["target_lang"]]
+        # fairseq's translation task, resuming bit-exactly after an interruption (docs/reliability.md)
+        args += ["--task", "translation_exact_resume",
+                 "--source-lang", data["source_lang"], "--target-lang", data["target_lang"]]
     args += ["--optimizer", train["optimizer"], "--adam-betas", train["adam_betas"], "--clip-norm", train["clip_norm"],
              "--lr", train["lr"], "--lr-scheduler", train["lr_scheduler"],
              "--warmup-updates", train["warmup_updates"], "--warmup-init-lr", train["warmup_init_lr"],

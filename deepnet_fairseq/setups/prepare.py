@@ -227,7 +227,7 @@ def _run_binarize(cmds, out, tmp, dry_run):
         proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-            raise tp.DataError(f"fairseq-preprocess failed ({tail[0]})")
+            raise tp.DataError(f"fairseq-preprocess failed writing {tmp} ({tail[0]})")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     (out / ".done").write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"))

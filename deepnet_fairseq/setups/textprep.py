@@ -39,7 +39,9 @@ def write_lines(path, lines):
 
 
 def read_lines(path):
-    """All lines of a UTF-8 text file (no newline); one-line errors for missing/empty/non-UTF-8 files."""
+    """All lines of a UTF-8 text file (no newline); one-line errors for missing/empty/non-UTF-8 files.
+
+    The count is exact: one line per ``\\n``, plus a final line without one (trailing blank lines kept)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
@@ -51,7 +53,9 @@ def read_lines(path):
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
         raise DataError(f"{path}: not UTF-8 (invalid byte at line {line})") from None
-    return text.rstrip("\n").split("\n")
+    if text.endswith("\n"):  # the newline that ends the last line; blank lines before it are lines
+        text = text[:-1]
+    return text.split("\n")
 
 
 def read_parallel(src_path, tgt_path):
