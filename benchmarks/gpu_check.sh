@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks in one go (~10 minutes on one GPU): fp16/bf16 deepnet vs transformer training steps
 # (ratio, tokens/s, TFLOP/s vs peak), apex on/off where installed, and the largest depth that
-# trains at d512 with --checkpoint-activations. Prints everything; writes JSON + log to OUT_DIR.
+# trains at d512 with --checkpoint-activations, then benchmarks/fp16_scaler_check.sh (fp16 loss
+# scaler recovering at 50L-50L). Prints everything; writes JSON + logs to OUT_DIR.
 set -euo pipefail
 
 usage() {
@@ -43,3 +44,7 @@ log="$OUT_DIR/$name.log"
 "$PYTHON" -m benchmarks.gpu "${args[@]}" --out "$OUT_DIR/$name.json" 2>&1 | tee "$log.tmp"
 mv "$log.tmp" "$log"
 echo "gpu_check.sh: wrote $OUT_DIR/$name.json and $log"
+# fp16 guard rail (issue: reliability): the loss scaler recovers from overflow at depth with DeepNorm
+if [ "${SMOKE:-0}" != 1 ]; then
+  PYTHON="$PYTHON" benchmarks/fp16_scaler_check.sh "$OUT_DIR"
+fi
