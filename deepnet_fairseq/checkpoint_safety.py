@@ -58,6 +58,14 @@ def fairseq_checkpoint_globals():
     ] + _numpy_globals()
 
 
+def allowed_global_names():
+    """The allow-list as the dotted names torch reports (``get_unsafe_globals_in_checkpoint``)."""
+    names = set()
+    for entry in fairseq_checkpoint_globals():
+        names.add(entry[1] if isinstance(entry, tuple) else f"{entry.__module__}.{entry.__qualname__}")
+    return names
+
+
 def allow_fairseq_checkpoints():
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 has no weights-only default to work with

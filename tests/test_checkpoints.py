@@ -6,27 +6,17 @@ import pytest
 import torch
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
-from deepnet_fairseq.checkpoint_safety import fairseq_checkpoint_globals
+from deepnet_fairseq.checkpoint_safety import allowed_global_names
 from fairseq import checkpoint_utils
 
 from conftest import BIN, USER_DIR, run
-
-
-def allowed_names():
-    names = set()
-    for entry in fairseq_checkpoint_globals():
-        if isinstance(entry, tuple):
-            names.add(entry[1])
-        else:
-            names.add(f"{entry.__module__}.{entry.__qualname__}")
-    return names
 
 
 def test_plain_checkpoint_needs_only_allow_listed_globals(deepnet_run):
     save, _ = deepnet_run
     needed = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(save / "checkpoint_last.pt")))
     assert needed == {"argparse.Namespace"}
-    assert needed <= allowed_names()
+    assert needed <= allowed_global_names()
     state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
     assert state["cfg"]["model"].arch == "deepnet_transformer_iwslt_de_en"
 

@@ -1,6 +1,5 @@
 """DeepNorm and Pre-LN are exactly the papers' architectures (FACTS.md)."""
 
-import argparse
 import math
 
 import pytest
@@ -8,7 +7,7 @@ import torch
 
 import deepnet_fairseq  # noqa: F401  (registers the architectures)
 from deepnet_fairseq.models import deepnorm_constants
-from fairseq import options, tasks
+from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY
 

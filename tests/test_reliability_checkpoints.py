@@ -23,7 +23,7 @@ import torch
 from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
-from deepnet_fairseq.checkpoint_safety import fairseq_checkpoint_globals
+from deepnet_fairseq.checkpoint_safety import allowed_global_names
 
 FIRST, SECOND = 4, 6  # updates before and after the resume
 
@@ -153,16 +153,6 @@ def test_distributed_resume_loads_on_rank_0_and_continues(runs):
     assert '"num_updates": "5"' in log and '"num_updates": "6"' in log
 
 
-def allowed_names():
-    names = set()
-    for entry in fairseq_checkpoint_globals():
-        if isinstance(entry, tuple):
-            names.add(entry[1])
-        else:
-            names.add(f"{entry.__module__}.{entry.__qualname__}")
-    return names
-
-
 def needed_globals(*paths):
     """{path: globals its pickle names beyond torch's defaults}, measured without the plugin loaded
     (in this process the plugin's allow-list hides them), then loaded here, weights-only."""
@@ -170,7 +160,7 @@ def needed_globals(*paths):
               "get_unsafe_globals_in_checkpoint(p)) for p in sys.argv[1:]}))")
     found = json.loads(run([sys.executable, "-c", script, *paths]).stdout)
     for path, names in found.items():
-        missing = set(names) - allowed_names()
+        missing = set(names) - allowed_global_names()
         assert not missing, f"{path} needs globals that are not allow-listed: {sorted(missing)}"
         torch.load(path, map_location="cpu")  # weights-only, with the plugin's allow-list
     return {path: set(names) for path, names in found.items()}
@@ -194,7 +184,7 @@ def test_averaged_checkpoint_is_the_mean_and_loads_weights_only(runs, tmp_path):
 
     paths = [runs["single"] / "checkpoint_1_2.pt", runs["single"] / "checkpoint_1_4.pt"]
     out = average_checkpoints(paths, tmp_path / "averaged.pt")
-    assert set(torch.serialization.get_unsafe_globals_in_checkpoint(out)) <= allowed_names()
+    assert set(torch.serialization.get_unsafe_globals_in_checkpoint(out)) <= allowed_global_names()
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(out)])  # weights-only, like generate
     a, b = params(paths[0]), params(paths[1])
     got = models[0].state_dict()
