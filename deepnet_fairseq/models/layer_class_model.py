@@ -1,7 +1,8 @@
-"""Shared pieces of the Table 1 baselines: a translation model built from layer classes, and the
-two small modules several methods need (a LayerNorm-then-Linear, and LayerNorm removal).
+"""Shared pieces of the plugin's architectures: a translation model built from layer classes, the
+option checks they share, and two small modules several baselines need (a LayerNorm-then-Linear,
+and LayerNorm removal).
 
-Every baseline is ``LayerClassTransformerModel`` with its own ``encoder_class``/``decoder_class``
+DeepNet, Pre-LN and every baseline is ``LayerClassTransformerModel`` with its own ``encoder_class``/``decoder_class``
 (``LayerClassEncoder``/``LayerClassDecoder`` subclasses whose ``layer_class`` overrides fairseq's
 ``residual_connection`` / ``build_*`` hooks or re-initialises weights in ``__init__``).
 """
