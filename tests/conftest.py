@@ -44,18 +44,28 @@ def multi30k():
     return path
 
 
+def binarise_multi30k_slice(multi30k, work, splits):
+    """Binarise the first lines of Multi30k de-en files (joined dictionary); returns the bin folder.
+
+    ``splits`` maps a fairseq split to (Multi30k file stem, line count), e.g. {"train": ("train", 400)}.
+    """
+    prefix_options = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
+    options = []
+    for split, (stem, count) in splits.items():
+        for lang in ("de", "en"):
+            lines = (multi30k / f"{stem}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
+            (work / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        options += [prefix_options[split], work / split]
+    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", *options, "--destdir", work / "bin",
+         "--joined-dictionary", "--workers", "1"])
+    return work / "bin"
+
+
 @pytest.fixture(scope="session")
 def multi30k_bin(tmp_path_factory, multi30k):
     """First 3000 training pairs (and 200 valid / 100 test) of Multi30k de-en, joined dictionary."""
-    work = tmp_path_factory.mktemp("multi30k")
-    for split, src, n in (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 100)):
-        for lang in ("de", "en"):
-            lines = (multi30k / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (work / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", work / "train",
-         "--validpref", work / "valid", "--testpref", work / "test", "--destdir", work / "bin",
-         "--joined-dictionary", "--workers", "1"])
-    return work / "bin"
+    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("multi30k"),
+                                   {"train": ("train", 3000), "valid": ("valid", 200), "test": ("test2016", 100)})
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
+from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, binarise_multi30k_slice, run
 
 from deepnet_fairseq.setups import prepare
 
@@ -125,13 +125,7 @@ def test_disk_full_during_binarisation_leaves_nothing_finished(capsys, tmp_path,
 
 @pytest.fixture(scope="module")
 def tiny_bin(tmp_path_factory, multi30k):
-    work = tmp_path_factory.mktemp("bad_input_bin")
-    for lang in ("de", "en"):
-        lines = (multi30k / f"valid.{lang}").read_text(encoding="utf-8").splitlines()[:50]
-        (work / f"train.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", work / "train",
-         "--destdir", work / "bin", "--joined-dictionary", "--workers", "1"])
-    return work / "bin"
+    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("bad_input_bin"), {"train": ("valid", 50)})
 
 
 @pytest.mark.parametrize("options,named", [

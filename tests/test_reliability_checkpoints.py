@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
+from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, binarise_multi30k_slice, run
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
 from deepnet_fairseq.checkpoint_safety import allowed_global_names
@@ -81,14 +81,8 @@ def assert_succeeded(status):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, multi30k):
-    work = tmp_path_factory.mktemp("ckpt_data")
-    for split, src, n in (("train", "train", 400), ("valid", "valid", 24)):
-        for lang in ("de", "en"):
-            lines = (multi30k / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (work / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", work / "train", "--validpref",
-         work / "valid", "--destdir", work / "bin", "--joined-dictionary", "--workers", "1"])
-    return work / "bin"
+    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("ckpt_data"),
+                                   {"train": ("train", 400), "valid": ("valid", 24)})
 
 
 @pytest.fixture(scope="module")

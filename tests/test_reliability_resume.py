@@ -18,7 +18,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import BIN, ROOT, TINY_MODEL, run
+from conftest import BIN, ROOT, TINY_MODEL, binarise_multi30k_slice, run
 
 from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
 from deepnet_fairseq.training.checkpoint_integrity import repair_last_checkpoint
@@ -71,13 +71,7 @@ KILL_SHIM = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def small_bin(tmp_path_factory, multi30k):
     """400 real training pairs: ~12 updates per epoch at --max-tokens 500."""
-    work = tmp_path_factory.mktemp("resume_data")
-    for lang in ("de", "en"):
-        lines = (multi30k / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:400]
-        (work / f"train.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", work / "train",
-         "--destdir", work / "bin", "--joined-dictionary", "--workers", "1"])
-    return work / "bin"
+    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("resume_data"), {"train": ("train", 400)})
 
 
 @pytest.fixture(scope="module")
