@@ -16,6 +16,12 @@ official code profiles a real batch and passes the values through a file; here t
 runs inside ``build_model`` on a probe batch of random dictionary tokens (seeded by ``--seed``,
 training mode, global RNG untouched), so no file and no extra run are needed. Loading a
 checkpoint re-profiles, then the saved ``omega`` values replace the profiled ones.
+
+Weights start as in the reference code (LiyuanLucasLiu/Transformer-Clinic,
+``fairseq/fairseq/modules/transformer_layer.py`` and ``multihead_attention.py``, fairseq 0.9): FFN
+matrices Xavier-uniform with zero biases (its ``Linear``; fairseq 0.12's plain ``nn.Linear`` would
+differ) and zero q/k/v biases (its fused ``in_proj_bias``). fairseq 0.12's q/k/v weights (Xavier,
+gain ``1/sqrt(2)``, each ``[d, d]``) have the same distribution as 0.9's fused ``[3d, d]`` Xavier.
 """
 
 import math
@@ -39,6 +45,17 @@ class AdminConfig(TransformerConfig):
     admin_probe_length: int = field(default=32, metadata={"help": "Admin profiling: tokens per probe sentence"})
 
 
+def admin_reference_init_(layer):
+    """Transformer-Clinic's init where fairseq 0.12 differs: Xavier FFN, zero FFN and q/k/v biases."""
+    for linear in (layer.fc1, layer.fc2):
+        nn.init.xavier_uniform_(linear.weight)
+        nn.init.zeros_(linear.bias)
+    for attn in (layer.self_attn, getattr(layer, "encoder_attn", None)):
+        if attn is not None:
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj):
+                nn.init.zeros_(linear.bias)
+
+
 class AdminProfile:
     """The running ratio of one stack during the profiling pass."""
 
@@ -50,6 +67,7 @@ class AdminLayerMixin:
     """``residual * omega + x``, with one ``omega`` per sublayer, taken in forward order."""
 
     def init_admin(self, sublayers):
+        admin_reference_init_(self)
         self.admin_sublayers = tuple(sublayers)  # forward order (a ParameterDict would sort them)
         for name in sublayers:
             self.register_parameter(f"admin_omega_{name}", nn.Parameter(torch.ones(self.embed_dim)))

@@ -3,20 +3,24 @@ Wu, Bajaj, Singhal, Benhaim, Patra, Liu, Chaudhary, Song and Wei 2022, "Foundati
 ICML 2023 as "Magneto: A Foundation Transformer").
 
 Sub-LN keeps Pre-LN's LayerNorm at the start of each sublayer (and the final LayerNorm) and adds
-a second one inside it, before the output projection:
+a second one inside the self-attention and the FFN, before the output projection:
 
-    attention:  x + W_O LN(Attention(W_Q LN(x), W_K LN(x), W_V LN(x)))
-    FFN:        x + W_2 LN(act(W_1 LN(x)))
+    self-attention:   x + W_O LN(Attention(W_Q LN(x), W_K LN(x), W_V LN(x)))
+    FFN:              x + W_2 LN(act(W_1 LN(x)))
+    cross-attention:  x + W_O Attention(W_Q LN(x), W_K m, W_V m)   (no inner LayerNorm)
 
-Init (derived from DeepNet): the FFN matrices and the attention value/output projections are
-scaled by gamma (fairseq's default init times gamma, as the authors' torchscale code does), with
+Init, as the authors' torchscale code does it (microsoft/torchscale, ``architecture/encoder.py`` and
+``decoder.py``, ``component/multihead_attention.py``, ``component/feedforward_network.py``): every
+projection starts from torch's ``nn.Linear`` default (torchscale's attention never calls its own
+``reset_parameters``); then weights *and biases* of the FFN and of the self-attention's value and
+output projections are multiplied by gamma (the cross-attention is left as it is), with
 
     encoder-only / decoder-only (L layers):  gamma = sqrt(log(2L))
     encoder-decoder:  encoder gamma = sqrt(log(3M) * log(2N) / 3),  decoder gamma = sqrt(log(3M)).
 
 The inner LayerNorm sits inside fairseq's ``MultiheadAttention`` (its ``out_proj`` becomes
-``Linear(LN(.))``), so the attention uses fairseq's own reference path rather than torch's fused
-kernel, which would bypass ``out_proj``'s forward.
+``Linear(LN(.))``), so the self-attention uses fairseq's own reference path rather than torch's
+fused kernel, which would bypass ``out_proj``'s forward.
 """
 
 import math
@@ -24,6 +28,7 @@ import math
 from fairseq.models import register_model
 from fairseq.modules.quant_noise import quant_noise
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import nn
 
 from .layer_class_model import LayerClassTransformerModel, NormedLinear, require_pre_ln
 from .layers import LayerClassDecoder, LayerClassEncoder
@@ -49,9 +54,14 @@ def sub_ln_attention_(attn):
 
 
 def magneto_init_(layer, gain):
-    attentions = [a for a in (layer.self_attn, getattr(layer, "encoder_attn", None)) if a is not None]
-    for weight in [layer.fc1.weight, layer.fc2.weight] + [w for a in attentions for w in (a.v_proj.weight, a.out_proj.weight)]:
-        weight.data.mul_(gain)
+    """torchscale's init: ``nn.Linear`` defaults, then FFN and self-attention v/out (weights and biases) x gain."""
+    for attn in (layer.self_attn, getattr(layer, "encoder_attn", None)):
+        if attn is not None:
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
+                nn.Linear.reset_parameters(linear)
+    for linear in (layer.fc1, layer.fc2, layer.self_attn.v_proj, layer.self_attn.out_proj):
+        for param in linear.parameters(recurse=False):
+            param.data.mul_(gain)
 
 
 class SubLNLayerMixin:
@@ -72,9 +82,6 @@ class SubLNDecoderLayer(SubLNLayerMixin, TransformerDecoderLayerBase):
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         magneto_init_(self, magneto_gains(cfg.encoder.layers, cfg.decoder.layers)[1])
-
-    def build_encoder_attention(self, embed_dim, cfg):
-        return sub_ln_attention_(super().build_encoder_attention(embed_dim, cfg))
 
 
 class SubLNEncoder(LayerClassEncoder):
