@@ -1,5 +1,7 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both set up .venv first.
 VENV ?= .venv
+# optional extras (scripts/install.sh --help), e.g. EXTRAS=fsdp: fairscale for --ddp-backend fully_sharded
+EXTRAS ?=
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
@@ -12,7 +14,7 @@ help:
 	@echo "make install - set up $(VENV) only (idempotent)"
 
 install:
-	@VENV=$(VENV) bash scripts/install.sh
+	@VENV=$(VENV) EXTRAS="$(EXTRAS)" bash scripts/install.sh
 
 demo: install
 	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)

@@ -217,3 +217,75 @@ def test_generate_keeps_every_test_sentence(monkeypatch, tmp_path):
     assert evaluate.generate(cfg, tmp_path / "model.pt", [], True, tmp_path / "generate.log") == ["a", "b"]
     argv = seen[0]
     assert argv[argv.index("--required-batch-size-multiple") + 1] == "1" and "--cpu" in argv
+
+
+def _argv_of(capsys, config, *args):
+    assert launch.main([str(CONFIGS[config]), "--dry-run", *args]) == 0
+    return shlex.split(capsys.readouterr().out.splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_configs_carry_precision_and_loss_scale_keys(name):
+    text = CONFIGS[name].read_text()
+    for key in ("precision", "fp16_init_scale", "fp16_scale_window", "fp16_scale_tolerance", "min_loss_scale",
+                "threshold_loss_scale"):
+        assert re.search(rf"^  {key}:", text, re.M), f"{name} lacks train.{key}"
+    train = cfgmod.load(CONFIGS[name])["train"]
+    assert train["precision"] == "fp16" and train["min_loss_scale"] == 1e-4 and train["fp16_init_scale"] == 128
+
+
+def test_precision_options_on_gpu(capsys):
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.fp16_scale_tolerance=0.25",
+                    "train.threshold_loss_scale=1024", "train.min_loss_scale=1e-6")
+    opts = dict(zip(argv, argv[1:]))
+    assert "--fp16" in argv and "--bf16" not in argv
+    assert (opts["--fp16-init-scale"], opts["--fp16-scale-tolerance"], opts["--min-loss-scale"],
+            opts["--threshold-loss-scale"]) == ("128", "0.25", "1e-06", "1024")
+    assert "--fp16-scale-window" not in argv  # null: fairseq derives it from the world size and update-freq
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.precision=bf16")
+    assert "--bf16" in argv and "--fp16" not in argv and "--min-loss-scale" not in argv  # bf16 needs no scaler
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.precision=fp32")
+    assert not {"--fp16", "--bf16", "--fp16-init-scale"} & set(argv)
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--cpu", "train.precision=bf16")
+    assert not {"--fp16", "--bf16"} & set(argv) and "--cpu" in argv  # CPU always trains fp32
+
+
+def test_old_fp16_key_and_bad_precision_values():
+    assert cfgmod.load(CONFIGS["iwslt14_de_en"], ["train.fp16=false"])["train"]["precision"] == "fp32"
+    assert cfgmod.load(CONFIGS["iwslt14_de_en"], ["train.precision=bf16", "train.fp16=false"])["train"]["precision"] == "fp32"
+    for overrides, message in ((["train.precision=fp8"], "key 'train.precision' must be one of fp16, bf16, fp32"),
+                               (["train.precision=bf16", "train.fp16=true"], "disagree"),
+                               (["train.fp16_scale_tolerance=1.5"], "train.fp16_scale_tolerance in [0, 1)"),
+                               (["train.precision=bf16"], "bf16 does not work with train.ddp_backend fully_sharded")):
+        config = CONFIGS["m2m_102" if "bf16 does not" in message else "iwslt14_de_en"]
+        with pytest.raises(cfgmod.ConfigError, match=re.escape(message)):
+            cfgmod.load(config, overrides)
+
+
+def test_fully_sharded_without_fairscale_is_one_line_before_launch(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fairscale" else real_find_spec(name, *a))
+    missing = "error: --ddp-backend fully_sharded needs fairscale, which is not installed in"
+    # --dry-run, the config's backend
+    assert launch.main([str(CONFIGS["m2m_102"]), "--dry-run", "--arch", "deepnet", "--gpus", "8", "--nodes", "16"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and missing in err and "make install EXTRAS=fsdp" in err
+    # a real launch (stops before looking for data or starting anything), backend given in extra_args
+    assert launch.main([str(CONFIGS["wmt17_en_de"]), "--arch", "deepnet", "--gpus", "8",
+                        "train.extra_args=[--ddp-backend, fully_sharded]", f"paths.runs={tmp_path}"]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.err.strip().splitlines()) == 1 and missing in captured.err and not list(tmp_path.iterdir())
+    # with fairscale importable the command goes through
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "fairscale" else real_find_spec(name, *a))
+    argv = _argv_of(capsys, "m2m_102", "--arch", "deepnet", "--gpus", "8", "--nodes", "16")
+    assert argv[argv.index("--ddp-backend") + 1] == "fully_sharded"
+
+
+def test_install_rejects_an_unknown_extra_in_one_line(tmp_path):
+    proc = run(["bash", ROOT / "scripts/install.sh", "--venv", tmp_path / "venv", "--extras", "fsdp,nope"], check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == "install.sh: unknown extra 'nope' (known: fsdp)"
+    assert not (tmp_path / "venv").exists()
+    assert "fairscale==" in (ROOT / "requirements-fsdp.txt").read_text()
+    assert 'EXTRAS="$(EXTRAS)"' in (ROOT / "Makefile").read_text()

@@ -97,7 +97,14 @@ SCHEMA = {
         "validate_interval_updates": ((int,), 1000),
         "log_interval": ((int,), 100),
         "seed": ((int,), 1),
-        "fp16": ((bool,), True),  # on GPU only (fairseq's --fp16 needs CUDA)
+        "precision": ((str,), "fp16"),  # fp16 | bf16 | fp32, on GPU (on CPU always fp32; docs/setups.md)
+        "fp16": ((bool, type(None)), None),  # old spelling: true = precision fp16, false = precision fp32
+        # fp16's dynamic loss scaler (fairseq's options and defaults; docs/setups.md, "Precision")
+        "fp16_init_scale": ((int,), 128),
+        "fp16_scale_window": (OPT_INT, None),  # null: fairseq's 2**14 / (world size x update-freq)
+        "fp16_scale_tolerance": (NUM, 0.0),
+        "min_loss_scale": (NUM, 1e-4),  # fairseq stops with "Minimum loss scale reached" below this
+        "threshold_loss_scale": (OPT_NUM, None),
         "ddp_backend": ((str,), "c10d"),
         "sampling_temperature": (NUM, 5.0),  # multilingual: language sampling
         "extra_args": ((list,), []),  # any further fairseq-train options, verbatim
@@ -127,6 +134,7 @@ CHOICES = {
     "prep.tokenizer": ("moses", "none"),
     "prep.segmenter": ("bpe", "sentencepiece"),
     "eval.metric": ("tok_bleu", "compound_split_bleu", "sacrebleu"),
+    "train.precision": ("fp16", "bf16", "fp32"),
 }
 
 
@@ -217,6 +225,16 @@ def expand_pairs(patterns, langs):
     return pairs
 
 
+def resolve_precision(train, where):
+    """``train.fp16`` (the old key) sets ``train.precision``: true -> fp16, false -> fp32."""
+    if train["fp16"] is not None:
+        if train["fp16"] and train["precision"] == "bf16":
+            raise ConfigError(f"{where}: keys 'train.fp16' (true) and 'train.precision' (bf16) disagree; "
+                              "set train.precision only")
+        train["precision"] = "fp16" if train["fp16"] else "fp32"
+        train["fp16"] = None
+
+
 def validate(cfg, where):
     for dotted, choices in CHOICES.items():
         if _lookup(cfg, dotted) not in choices:
@@ -243,6 +261,13 @@ def validate(cfg, where):
             for lang in parts:
                 if lang not in langs:
                     raise ConfigError(f"{where}: language pair '{pair}' uses unknown language '{lang}' (not in data.langs)")
+    train = cfg["train"]
+    if train["precision"] == "bf16" and train["ddp_backend"] == "fully_sharded":
+        raise ConfigError(f"{where}: train.precision bf16 does not work with train.ddp_backend fully_sharded "
+                          "(fairseq 0.12's FSDP has no bf16); use fp16")
+    if train["fp16_init_scale"] <= 0 or train["min_loss_scale"] <= 0 or not 0 <= train["fp16_scale_tolerance"] < 1:
+        raise ConfigError(f"{where}: train.fp16_init_scale and train.min_loss_scale must be > 0, "
+                          "train.fp16_scale_tolerance in [0, 1)")
     for dotted in ("train.max_tokens", "train.batch_tokens", "model.encoder_layers", "model.decoder_layers",
                    "eval.average_last", "eval.beam"):
         if _lookup(cfg, dotted) < 1:
@@ -267,6 +292,7 @@ def load(path, overrides=()):
     data = cfg["data"]
     data["langs"] = [str(lang) for lang in data["langs"]]
     data["lang_pairs"] = expand_pairs(data["lang_pairs"], data["langs"])
+    resolve_precision(cfg["train"], where)
     validate(cfg, where)
     for key in ("work", "runs", "results"):
         cfg["paths"][key] = cfg["paths"][key].format(setup=cfg["setup"])

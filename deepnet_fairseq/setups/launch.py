@@ -10,6 +10,7 @@ Every hyperparameter comes from the config. ``--update-freq`` is derived so that
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -113,8 +114,7 @@ def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir)
     if train["no_epoch_checkpoints"]:
         args.append("--no-epoch-checkpoints")
     if on_gpu:
-        if train["fp16"]:
-            args.append("--fp16")
+        args += precision_args(train)
         args += ["--ddp-backend", train["ddp_backend"]]
     else:
         args.append("--cpu")
@@ -123,6 +123,33 @@ def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir)
         if not on_gpu:  # the flags that work for CPU processes (ENVIRONMENT.md)
             args += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
     return [str(a) for a in args] + [str(a) for a in train["extra_args"]]
+
+
+def precision_args(train):
+    """fairseq's options for ``train.precision`` on GPU; fp16 carries the loss scaler's guard rails."""
+    if train["precision"] == "bf16":
+        return ["--bf16"]  # no loss scaling: bf16 has fp32's exponent range
+    if train["precision"] == "fp32":
+        return []
+    args = ["--fp16", "--fp16-init-scale", train["fp16_init_scale"],
+            "--fp16-scale-tolerance", train["fp16_scale_tolerance"], "--min-loss-scale", train["min_loss_scale"]]
+    for key in ("fp16_scale_window", "threshold_loss_scale"):
+        if train[key] is not None:
+            args += ["--" + key.replace("_", "-"), train[key]]
+    return args
+
+
+# optional packages a fairseq option needs: (option, value) -> (module, how to install it)
+OPTIONAL_NEEDS = {("--ddp-backend", "fully_sharded"): ("fairscale", "make install EXTRAS=fsdp")}  # requirements-fsdp.txt
+
+
+def check_optional_needs(fairseq_args):
+    """One line, before anything starts, naming a package an option needs and this Python lacks."""
+    given = dict(zip(fairseq_args, fairseq_args[1:]))  # the last occurrence wins, as in fairseq's parser
+    for (option, value), (module, install) in OPTIONAL_NEEDS.items():
+        if given.get(option) == value and importlib.util.find_spec(module) is None:
+            raise LaunchError(f"{option} {value} needs {module}, which is not installed in {sys.executable}; "
+                              f"run `{install}`")
 
 
 def launch_commands(opts, fairseq_args):
@@ -144,28 +171,39 @@ def launch_commands(opts, fairseq_args):
 
 # -- the run record ----------------------------------------------------------------------------
 
-_JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$", re.MULTILINE)
+_JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
+DIVERGENCE_MARKERS = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
 
 
-def parse_train_log(text):
-    """Last logged train/valid loss and update count from fairseq's ``--log-format json`` output."""
-    out = {"final_loss": None, "valid_loss": None, "updates": None}
-    for match in _JSON_LOG.finditer(text):
+class TrainLogStats:
+    """What the run record needs from fairseq-train's ``--log-format json`` output, read line by line.
+
+    Keeps the last train/valid loss, the update count and whether a divergence message was seen;
+    never the output itself.
+    """
+
+    def __init__(self):
+        self.stats = {"final_loss": None, "valid_loss": None, "updates": None}
+        self.divergence_message = False
+
+    def feed(self, line):
+        self.divergence_message |= any(m in line for m in DIVERGENCE_MARKERS)
+        match = _JSON_LOG.search(line)
+        if not match:
+            return
         tag, stats = match.group(1), json.loads(match.group(2))
         if tag == "train_inner":
-            out["final_loss"], out["updates"] = float(stats["loss"]), int(float(stats["num_updates"]))
+            self.stats["final_loss"], self.stats["updates"] = float(stats["loss"]), int(float(stats["num_updates"]))
         elif tag == "train":
-            out["final_loss"], out["updates"] = float(stats["train_loss"]), int(float(stats["train_num_updates"]))
+            self.stats["final_loss"] = float(stats["train_loss"])
+            self.stats["updates"] = int(float(stats["train_num_updates"]))
         else:
-            out["valid_loss"] = float(stats["valid_loss"])
-    return out
+            self.stats["valid_loss"] = float(stats["valid_loss"])
 
-
-def diverged(stats, returncode, text):
-    loss = stats["final_loss"]
-    blown = loss is not None and not math.isfinite(loss)
-    markers = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
-    return blown or (returncode != 0 and any(m in text for m in markers))
+    def diverged(self, returncode):
+        loss = self.stats["final_loss"]
+        blown = loss is not None and not math.isfinite(loss)
+        return blown or (returncode != 0 and self.divergence_message)
 
 
 def deepnorm_record(arch, layers):
@@ -185,21 +223,24 @@ def append_record(path, record):
         handle.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def run(cmd, log_path, env):
-    """Run ``cmd``, echoing its output and appending it to ``log_path``; returns (returncode, output)."""
-    chunks = []
+def run(cmd, log_path, env, on_line=None):
+    """Run ``cmd``, echoing each output line and appending it to ``log_path`` as it comes (flushed, so
+    ``tail -f`` follows the run and a killed launcher loses nothing); ``on_line(line)`` sees every line.
+    Returns the exit status."""
     with open(log_path, "a", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             for line in proc.stdout:
-                sys.stdout.write(line)
                 log.write(line)
-                chunks.append(line)
+                log.flush()
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                if on_line is not None:
+                    on_line(line)
         except KeyboardInterrupt:
             proc.terminate()
             raise
-        returncode = proc.wait()
-    return returncode, "".join(chunks)
+        return proc.wait()
 
 
 def main(argv=None):
@@ -243,6 +284,7 @@ def main(argv=None):
         folder = Path(opts.run_dir) if opts.run_dir else run_dir(cfg, opts.arch, layers)
         tb = opts.tensorboard_logdir or folder / "tb"
         fairseq_args = train_args(cfg, opts.arch, layers, world, not opts.cpu, folder / "checkpoints", tb)
+        check_optional_needs(fairseq_args)
         cmds = launch_commands(opts, fairseq_args)
         if opts.dry_run:
             print(f"# {cfg['setup']} {opts.arch} {layers[0]}L-{layers[1]}L: world size {world}, "
@@ -265,12 +307,13 @@ def main(argv=None):
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
         start = time.time()
         print("[train] " + " ".join(shlex.quote(c) for c in cmds[0]), flush=True)
-        returncode, text = run(cmds[0], folder / "train.log", env)
-        stats = parse_train_log(text)
+        log_stats = TrainLogStats()
+        returncode = run(cmds[0], folder / "train.log", env, log_stats.feed)
+        stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
                   "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers),
                   "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
-                  "diverged": diverged(stats, returncode, text), "returncode": returncode,
+                  "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats}
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
