@@ -13,7 +13,7 @@ from conftest import USER_DIR
 
 utils.import_user_module(Namespace(user_dir=USER_DIR))  # registers the architectures
 
-METHODS = ["postln", "dsinit", "admin", "rezero", "tfixup", "normformer", "subln", "b2t"]
+METHODS = ["postln", "dsinit", "admin", "rezero", "tfixup", "normformer", "subln", "b2t", "dlcl", "residual"]
 SIZE_VARIANTS = ["", "_iwslt_de_en", "_wmt_en_de", "_wmt_en_de_big", "_opus100", "_m2m_102"]
 D, FFN = 64, 256  # wide enough for init-std checks (>= 16k samples per matrix)
 SHAPE = ["--encoder-embed-dim", D, "--decoder-embed-dim", D, "--encoder-ffn-embed-dim", FFN,
@@ -31,11 +31,13 @@ def dict_dir(tmp_path_factory):
     return path
 
 
-def build(dict_dir, arch, layers=4, *extra, seed=1):
-    """A translation model built exactly as fairseq-train builds it (eval mode, no dropout)."""
+def build(dict_dir, arch, layers=4, *extra, seed=1, decoder_layers=None):
+    """A translation model built exactly as fairseq-train builds it (eval mode, no dropout);
+    ``layers`` encoder layers and ``decoder_layers`` (default: as many) decoder layers."""
     torch.manual_seed(seed)
     argv = [dict_dir, "--user-dir", USER_DIR, "--task", "translation", "-s", "de", "-t", "en", "--arch", arch,
-            "--encoder-layers", layers, "--decoder-layers", layers, "--cpu", "--seed", seed, *SHAPE, *extra]
+            "--encoder-layers", layers, "--decoder-layers", decoder_layers or layers, "--cpu", "--seed", seed,
+            *SHAPE, *extra]
     args = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in argv])
     model = tasks.setup_task(args).build_model(args)
     return model.eval()
@@ -48,6 +50,22 @@ def xavier_std(weight, gain=1.0):
 
 def assert_std(weight, expected, rel=0.06):
     assert weight.std().item() == pytest.approx(expected, rel=rel)
+
+
+def torch_linear_std(weight):
+    """torch's ``nn.Linear`` default (kaiming-uniform, a = sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    return 1 / math.sqrt(3 * weight.shape[1])
+
+
+def assert_uniform(weight, bound):
+    """Drawn from U(-bound, bound): the std, and the largest value close to (not above) the bound."""
+    assert_std(weight, bound / math.sqrt(3))
+    assert 0.97 * bound < weight.abs().max().item() <= bound + 1e-7
+
+
+def assert_zero(*tensors):
+    for tensor in tensors:
+        assert torch.equal(tensor, torch.zeros_like(tensor))
 
 
 def self_attention(layer, x):
@@ -83,7 +101,8 @@ def test_every_method_has_every_size_variant_and_trains(dict_dir, method):
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("arch", ["postln_transformer", "dsinit_transformer", "admin_transformer", "b2t_transformer"])
+@pytest.mark.parametrize("arch", ["postln_transformer", "dsinit_transformer", "admin_transformer", "b2t_transformer",
+                                  "residual_transformer"])
 def test_post_ln_methods_refuse_pre_ln(dict_dir, arch):
     with pytest.raises(ValueError, match="Post-LN"):
         build(dict_dir, arch, 2, "--encoder-normalize-before")
@@ -104,14 +123,53 @@ def test_postln_is_ln_of_residual_sum(dict_dir):
     torch.testing.assert_close(layer(x, None), expected)
 
 
-def test_dsinit_scales_layer_l_by_one_over_sqrt_l(dict_dir):
-    model = build(dict_dir, "dsinit_transformer", 4)
+def test_dsinit_follows_the_authors_code_at_n_ne_m(dict_dir):
+    """bzhangGo/zero: tf.variance_scaling_initializer(scale=l^-1/2, fan_avg, uniform) per layer l, i.e.
+    U(-b, b), b = sqrt(3 scale / ((fan_in + fan_out) / 2)); self-attention q/k/v is one [d, 3d] matrix;
+    biases 0."""
+    n, m = 3, 2
+    model = build(dict_dir, "dsinit_transformer", n, decoder_layers=m)
+
+    def bound(depth, fan_in, fan_out):
+        return math.sqrt(3 * depth ** -0.5 / ((fan_in + fan_out) / 2))
+
+    for stack, depth in ((model.encoder, n), (model.decoder, m)):
+        assert len(stack.layers) == depth
+        for l, layer in enumerate(stack.layers, start=1):
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                assert_uniform(proj.weight, bound(l, D, 3 * D))  # fused qkv_map
+            assert_uniform(layer.self_attn.out_proj.weight, bound(l, D, D))
+            assert_uniform(layer.fc1.weight, bound(l, D, FFN))
+            assert_uniform(layer.fc2.weight, bound(l, FFN, D))
+            if stack is model.decoder:  # cross-attention: separate q_map, k_map, v_map
+                for proj in (layer.encoder_attn.q_proj, layer.encoder_attn.v_proj, layer.encoder_attn.out_proj):
+                    assert_uniform(proj.weight, bound(l, D, D))
+            assert_zero(*[p for name, p in layer.named_parameters() if name.endswith("bias") and "layer_norm" not in name])
+
+
+def test_dsinit_paper_formula_scales_layer_l_by_one_over_sqrt_l(dict_dir):
+    model = build(dict_dir, "dsinit_transformer", 3, "--dsinit-formula", "paper", decoder_layers=2)
     for stack in (model.encoder, model.decoder):
         for depth, layer in enumerate(stack.layers, start=1):
             for weight in (layer.fc1.weight, layer.fc2.weight, layer.self_attn.v_proj.weight,
                            layer.self_attn.out_proj.weight):
-                assert_std(weight, xavier_std(weight, 1 / math.sqrt(depth)))
-                assert weight.abs().max().item() <= math.sqrt(3) * xavier_std(weight, 1 / math.sqrt(depth)) + 1e-6
+                assert_uniform(weight, math.sqrt(6 / sum(weight.shape)) / math.sqrt(depth))
+    assert layer.fc1.bias.abs().max().item() > 0  # biases keep fairseq's (non-zero) init
+
+
+def test_admin_starts_from_the_reference_init(dict_dir):
+    """Transformer-Clinic (fairseq 0.9): FFN Xavier with zero biases; fused [3d, d] q/k/v Xavier, zero biases."""
+    model = build(dict_dir, "admin_transformer", 3, decoder_layers=2)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):
+        attentions = [layer.self_attn] + ([layer.encoder_attn] if hasattr(layer, "encoder_attn") else [])
+        assert_uniform(layer.fc1.weight, math.sqrt(6 / (D + FFN)))
+        assert_uniform(layer.fc2.weight, math.sqrt(6 / (FFN + D)))
+        for attn in attentions:
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                assert_uniform(proj.weight, math.sqrt(6 / (D + 3 * D)))
+            assert_uniform(attn.out_proj.weight, math.sqrt(6 / (2 * D)))
+            assert_zero(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias, attn.out_proj.bias)
+        assert_zero(layer.fc1.bias, layer.fc2.bias)
 
 
 def test_admin_omegas_follow_the_profiled_variances(dict_dir):
@@ -176,22 +234,26 @@ def test_rezero_layers_are_identities_at_init_without_layer_norm(dict_dir):
     torch.testing.assert_close(enc(x, None), h + 0.5 * ffn(enc, h))
 
 
-def test_tfixup_scales_and_has_no_layer_norm(dict_dir):
-    n = m = 4
-    model = build(dict_dir, "tfixup_transformer", n)
+def test_tfixup_follows_the_authors_code_at_n_ne_m(dict_dir):
+    """layer6ai-labs/T-Fixup: Xavier v/out/FFN (zero FFN biases); encoder x 0.67 N^-1/4, decoder x (9M)^-1/4;
+    encoder embedding x (9N)^-1/4, decoder embedding x (9M)^-1/4."""
+    n, m = 6, 2
+    model = build(dict_dir, "tfixup_transformer", n, decoder_layers=m)
     assert not [mod for mod in model.modules() if isinstance(mod, torch.nn.LayerNorm)]
-    enc_scale, dec_scale = 0.67 * n ** (-1 / 4), (9 * m) ** (-1 / 4)
-    for stack, scale in ((model.encoder, enc_scale), (model.decoder, dec_scale)):
+    for stack, scale in ((model.encoder, 0.67 * n ** -0.25), (model.decoder, (9 * m) ** -0.25)):
         for layer in stack.layers:
-            for w in (layer.fc1.weight, layer.fc2.weight, layer.self_attn.out_proj.weight):
-                assert_std(w, xavier_std(w, scale))
-            # fairseq's v_proj init is xavier_uniform with gain 1/sqrt(2)
-            assert_std(layer.self_attn.v_proj.weight, xavier_std(layer.self_attn.v_proj.weight, scale / math.sqrt(2)))
-    assert_std(model.decoder.layers[0].encoder_attn.v_proj.weight,
-               xavier_std(model.decoder.layers[0].encoder_attn.v_proj.weight, dec_scale / math.sqrt(2)))
-    emb = model.encoder.embed_tokens.weight[4:]  # fairseq: N(0, d^-1/2), padding row zero
-    assert_std(emb, D ** -0.5 * dec_scale, rel=0.05)
-    assert_std(model.decoder.embed_tokens.weight[4:], D ** -0.5 * dec_scale, rel=0.05)
+            attentions = [layer.self_attn] + ([layer.encoder_attn] if stack is model.decoder else [])
+            for weight in [layer.fc1.weight, layer.fc2.weight] + [w for a in attentions for w in
+                                                                  (a.v_proj.weight, a.out_proj.weight)]:
+                assert_uniform(weight, scale * math.sqrt(6 / sum(weight.shape)))  # Xavier x scale, v included
+            assert_uniform(layer.self_attn.q_proj.weight, math.sqrt(6 / (2 * D)) / math.sqrt(2))  # fairseq's q/k
+            assert_zero(layer.fc1.bias, layer.fc2.bias)
+    # fairseq's embedding N(0, d^-1/2) (padding row zero), then each stack's own depth
+    assert_std(model.encoder.embed_tokens.weight[4:], D ** -0.5 * (9 * n) ** -0.25, rel=0.05)
+    assert_std(model.decoder.embed_tokens.weight[4:], D ** -0.5 * (9 * m) ** -0.25, rel=0.05)
+    shared = build(dict_dir, "tfixup_transformer", n, "--share-all-embeddings", decoder_layers=m)
+    assert shared.encoder.embed_tokens is shared.decoder.embed_tokens  # scaled once, by the encoder's factor
+    assert_std(shared.encoder.embed_tokens.weight[4:], D ** -0.5 * (9 * n) ** -0.25, rel=0.05)
 
 
 def scale_(*linears, by=10.0):
@@ -225,27 +287,37 @@ def test_normformer_normalises_attention_output_and_ffn_activation(dict_dir, sta
         torch.testing.assert_close(run(), x)
 
 
-def test_subln_has_inner_layer_norms_and_magneto_gains(dict_dir):
+def test_subln_follows_torchscale_at_n_ne_m(dict_dir):
+    """microsoft/torchscale: nn.Linear defaults everywhere; weights and biases of the FFN and of the
+    self-attention's v/out times gamma; the cross-attention neither scaled nor sub-normalised."""
     from deepnet_fairseq.models.subln_transformer import magneto_gains
 
-    n = m = 6
-    gain_enc, gain_dec = magneto_gains(n, m)
-    assert gain_enc == pytest.approx(math.sqrt(math.log(3 * m) * math.log(2 * n) / 3))
-    assert gain_dec == pytest.approx(math.sqrt(math.log(3 * m)))
+    n, m = 6, 2
+    gain_enc = math.sqrt(math.log(3 * m) * math.log(2 * n) / 3)
+    gain_dec = math.sqrt(math.log(3 * m))
+    assert magneto_gains(n, m) == (pytest.approx(gain_enc), pytest.approx(gain_dec))
     assert magneto_gains(12, 0) == (pytest.approx(math.sqrt(math.log(24))), None)
-    model = build(dict_dir, "subln_transformer", n)
+    model = build(dict_dir, "subln_transformer", n, decoder_layers=m)
     for stack, gain in ((model.encoder, gain_enc), (model.decoder, gain_dec)):
         for layer in stack.layers:
-            fc1 = layer.fc1.weight  # torch's Linear default: std 1/sqrt(3 fan_in)
-            assert_std(fc1, gain / math.sqrt(3 * fc1.shape[1]))
-            assert_std(layer.self_attn.out_proj.weight, xavier_std(layer.self_attn.out_proj.weight, gain))
-            assert_std(layer.self_attn.v_proj.weight, xavier_std(layer.self_attn.v_proj.weight, gain / math.sqrt(2)))
-    layer, x = model.decoder.layers[0], sample()
-    memory = sample(seed=1)
+            attn = layer.self_attn
+            for linear in (layer.fc1, layer.fc2, attn.v_proj, attn.out_proj):
+                assert_uniform(linear.weight, gain / math.sqrt(linear.weight.shape[1]))
+                assert linear.bias.abs().max().item() <= gain / math.sqrt(linear.weight.shape[1]) + 1e-7
+            assert layer.fc1.bias.abs().max().item() > 1 / math.sqrt(D)  # the bias is scaled too (gain > 1)
+            for linear in (attn.q_proj, attn.k_proj):
+                assert_uniform(linear.weight, 1 / math.sqrt(D))
+    for layer in model.decoder.layers:
+        for linear in (layer.encoder_attn.v_proj, layer.encoder_attn.out_proj):
+            assert_uniform(linear.weight, 1 / math.sqrt(D))  # not scaled
+        assert layer.encoder_attn.out_proj.bias.abs().max().item() > 0.5 / math.sqrt(D)  # torch's bias, not 0
+    layer, x, memory = model.decoder.layers[0], sample(), sample(seed=1)
     before = layer(x, encoder_out=memory)[0]
-    # LN before each output projection: invariant to the value projections' and fc1's scale
-    scale_(layer.self_attn.v_proj, layer.encoder_attn.v_proj, layer.fc1)
+    # LN before the self-attention's and the FFN's output projections: invariant to v's and fc1's scale
+    scale_(layer.self_attn.v_proj, layer.fc1)
     torch.testing.assert_close(layer(x, encoder_out=memory)[0], before, rtol=1e-3, atol=1e-3)
+    scale_(layer.encoder_attn.v_proj)  # no LN inside the cross-attention: its output changes
+    assert not torch.allclose(layer(x, encoder_out=memory)[0], before, rtol=1e-2, atol=1e-2)
 
 
 def test_b2t_adds_the_layer_input_before_the_last_layer_norm(dict_dir):
