@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
-METHODS="postln_transformer,dsinit_transformer,admin_transformer,rezero_transformer,tfixup_transformer,preln_transformer,normformer_transformer,subln_transformer,b2t_transformer,deepnet_transformer"
+METHODS="postln_transformer,dsinit_transformer,admin_transformer,rezero_transformer,tfixup_transformer,preln_transformer,dlcl_transformer,normformer_transformer,subln_transformer,b2t_transformer,residual_transformer,deepnet_transformer"
 
 usage() {
   cat <<USAGE
@@ -19,7 +19,7 @@ Usage: scripts/table1.sh --out DIR [--data BIN_DIR] [--methods a,b,...] [--varia
   --out DIR       output folder (runs/, runs.csv, table1.csv, table1.md)
   --data BIN_DIR  binarised translation data (default: depth_sweep's small Multi30k de-en set
                   built from ../shared/data/multi30k_de_en)
-  --methods LIST  model names (default: all ten: $METHODS)
+  --methods LIST  model names (default: all twelve: $METHODS)
   --variant V     size variant appended to each name (default: iwslt_de_en; '' for none)
   --depths LIST   depths N=M (default: 2,8)
   --updates K     updates per run (default: 40)
