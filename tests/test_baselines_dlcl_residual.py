@@ -8,7 +8,8 @@ import torch
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from conftest import BIN, TINY_MODEL, USER_DIR, run
-from test_baselines import D, build, cross_attention, dict_dir, ffn, self_attention, tokens  # noqa: F401
+from test_baselines import (D, FFN, assert_uniform, assert_zero, build, cross_attention, dict_dir,  # noqa: F401
+                            ffn, self_attention, tokens)
 
 LAYERS = 3
 
@@ -57,6 +58,10 @@ def test_dlcl_stacks_are_learned_combinations_of_all_earlier_layers(dict_dir):  
                 norm.bias.uniform_(-0.5, 0.5)
     assert all(isinstance(layer, TransformerEncoderLayerBase) for layer in model.encoder.layers)  # outside forward
     assert all(isinstance(layer, TransformerDecoderLayerBase) for layer in model.decoder.layers)
+    for layer in list(model.encoder.layers) + list(model.decoder.layers):  # the authors' fairseq: Xavier, zero biases
+        assert_uniform(layer.fc1.weight, math.sqrt(6 / (D + FFN)))
+        assert_uniform(layer.self_attn.v_proj.weight, math.sqrt(6 / (D + 3 * D)))  # fused [3d, d] in_proj
+        assert_zero(layer.fc1.bias, layer.fc2.bias, layer.self_attn.q_proj.bias, layer.self_attn.v_proj.bias)
 
     src, prev = tokens(), tokens(length=5, seed=1)
     x_enc, x_dec = embedded(model, src, prev)
@@ -118,6 +123,19 @@ def test_residual_stacks_add_post_ln_and_normalised_dual_streams(dict_dir):  # n
     torch.testing.assert_close(enc_out, expected_enc, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(dec_out, expected_dec, rtol=1e-4, atol=1e-5)
     assert_incremental_decoding_matches(model, src, prev)
+
+
+@pytest.mark.parametrize("arch", ["dlcl_transformer", "residual_transformer"])
+def test_activation_checkpointing_gives_the_same_gradients(dict_dir, arch):  # noqa: F811
+    src, prev = tokens(), tokens(length=5, seed=1)
+    grads = []
+    for extra in ([], ["--checkpoint-activations"]):
+        model = build(dict_dir, arch, 3, "--dropout", "0", decoder_layers=2).train()
+        model(src, torch.full((3,), 7), prev)[0].logsumexp(-1).mean().backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("arch", ["dlcl_transformer", "residual_transformer"])

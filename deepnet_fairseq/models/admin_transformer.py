@@ -18,10 +18,8 @@ training mode, global RNG untouched), so no file and no extra run are needed. Lo
 checkpoint re-profiles, then the saved ``omega`` values replace the profiled ones.
 
 Weights start as in the reference code (LiyuanLucasLiu/Transformer-Clinic,
-``fairseq/fairseq/modules/transformer_layer.py`` and ``multihead_attention.py``, fairseq 0.9): FFN
-matrices Xavier-uniform with zero biases (its ``Linear``; fairseq 0.12's plain ``nn.Linear`` would
-differ) and zero q/k/v biases (its fused ``in_proj_bias``). fairseq 0.12's q/k/v weights (Xavier,
-gain ``1/sqrt(2)``, each ``[d, d]``) have the same distribution as 0.9's fused ``[3d, d]`` Xavier.
+``fairseq/fairseq/modules/transformer_layer.py`` and ``multihead_attention.py``), see
+``fused_qkv_fairseq_init_``.
 """
 
 import math
@@ -45,8 +43,13 @@ class AdminConfig(TransformerConfig):
     admin_probe_length: int = field(default=32, metadata={"help": "Admin profiling: tokens per probe sentence"})
 
 
-def admin_reference_init_(layer):
-    """Transformer-Clinic's init where fairseq 0.12 differs: Xavier FFN, zero FFN and q/k/v biases."""
+def fused_qkv_fairseq_init_(layer):
+    """The layer init of the fairseq versions with a fused q/k/v projection (before 0.9.1), which
+    Transformer-Clinic (Admin) and wangqiangneu/dlcl (DLCL) run, where fairseq 0.12 differs: FFN
+    matrices Xavier-uniform with zero biases (their ``Linear``; 0.12 uses torch's ``nn.Linear``
+    default) and zero q/k/v biases (their ``in_proj_bias``). The q/k/v weights need nothing: 0.12's
+    Xavier with gain ``1/sqrt(2)`` on each ``[d, d]`` has the distribution of Xavier on the fused
+    ``[3d, d]``; ``out_proj`` is Xavier with a zero bias in both."""
     for linear in (layer.fc1, layer.fc2):
         nn.init.xavier_uniform_(linear.weight)
         nn.init.zeros_(linear.bias)
@@ -67,7 +70,7 @@ class AdminLayerMixin:
     """``residual * omega + x``, with one ``omega`` per sublayer, taken in forward order."""
 
     def init_admin(self, sublayers):
-        admin_reference_init_(self)
+        fused_qkv_fairseq_init_(self)
         self.admin_sublayers = tuple(sublayers)  # forward order (a ParameterDict would sort them)
         for name in sublayers:
             self.register_parameter(f"admin_omega_{name}", nn.Parameter(torch.ones(self.embed_dim)))

@@ -15,8 +15,10 @@ authors' default (wangqiangneu/dlcl, ``fairseq/modules/dlcl.py::DynamicLinearCom
 ``weight_type=scalar``, ``init_value=avg``, learnable, no LayerNorm on the embedding, no history
 dropout, the whole history; ``fairseq/modules/layer_history.py::LearnableDenseLayerHistory``).
 
-The combination sits in fairseq's layer loop (see ``layer_loop.py``); the layers themselves are
-fairseq's Pre-LN layers, untouched.
+The combination sits in fairseq's layer loop (see ``layer_loop.py``); the layers are fairseq's
+Pre-LN layers, initialised as the authors' fairseq version initialised them (its ``Linear`` in
+``fairseq/models/transformer.py``: Xavier FFN with zero biases; fused q/k/v with zero biases, see
+``admin_transformer.fused_qkv_fairseq_init_``).
 """
 
 import functools
@@ -24,7 +26,10 @@ import functools
 import torch
 from fairseq.models import register_model
 from fairseq.modules import LayerNorm
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import nn
+
+from .admin_transformer import fused_qkv_fairseq_init_
 
 from .layer_class_model import LayerClassTransformerModel, require_pre_ln
 from .layer_loop import (LayerLoop, LoopDecoderMixin, LoopEncoderMixin, layer_output, refuse_layer_dropping,
@@ -68,7 +73,21 @@ class LayerCombination(nn.Module):
         return out
 
 
+class DLCLEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        fused_qkv_fairseq_init_(self)
+
+
+class DLCLDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+        fused_qkv_fairseq_init_(self)
+
+
 class DLCLEncoder(LoopEncoderMixin, LayerClassEncoder):
+    layer_class = DLCLEncoderLayer
+
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.layers = LayerLoop(self.layers)
@@ -79,6 +98,8 @@ class DLCLEncoder(LoopEncoderMixin, LayerClassEncoder):
 
 
 class DLCLDecoder(LoopDecoderMixin, LayerClassDecoder):
+    layer_class = DLCLDecoderLayer
+
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
