@@ -1,7 +1,8 @@
 """Training reliability: exact resume after an interruption and checkpoint integrity checks.
 
-Importing this package registers the ``translation_exact_resume`` task (fairseq's idiom: every
-module here is imported for its registrations).
+Importing this package registers the ``translation_exact_resume`` task and wraps fairseq's checkpoint
+loaders (``checkpoint_guard``: a bad file is named, a finished run is not extended); fairseq's idiom:
+every module here is imported for its registrations.
 """
 
 import importlib
