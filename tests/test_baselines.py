@@ -144,7 +144,8 @@ def test_dsinit_follows_the_authors_code_at_n_ne_m(dict_dir):
             if stack is model.decoder:  # cross-attention: separate q_map, k_map, v_map
                 for proj in (layer.encoder_attn.q_proj, layer.encoder_attn.v_proj, layer.encoder_attn.out_proj):
                     assert_uniform(proj.weight, bound(l, D, D))
-            assert_zero(*[p for name, p in layer.named_parameters() if name.endswith("bias") and "layer_norm" not in name])
+            assert_zero(*[p for name, p in layer.named_parameters()
+                          if name.endswith("bias") and "layer_norm" not in name])
 
 
 def test_dsinit_paper_formula_scales_layer_l_by_one_over_sqrt_l(dict_dir):

@@ -30,7 +30,6 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import nn
 
 from .admin_transformer import fused_qkv_fairseq_init_
-
 from .layer_class_model import LayerClassTransformerModel, require_pre_ln
 from .layer_loop import (LayerLoop, LoopDecoderMixin, LoopEncoderMixin, layer_output, refuse_layer_dropping,
                          with_layer_output)
