@@ -117,10 +117,14 @@ class Bench:
         self.criterion = self.task.build_criterion(cfg.criterion)
         self.trainer = Trainer(cfg, self.task, self.model, self.criterion)
         self.sample = synthetic_sample(self.task.source_dictionary, batch)
+        self.overflow_skips = 0
 
     @property
     def parameters(self):
         return sum(p.numel() for p in self.model.parameters())
+
+    # fp16: retries of a step fairseq skipped on gradient overflow before the step counts as failed
+    MAX_OVERFLOW_RETRIES = 32
 
     def step(self):
         """One fairseq training step (forward, backward, Adam update); returns its wall seconds.
@@ -128,17 +132,29 @@ class Bench:
         Also keeps ``last_cpu_seconds``: the CPU time of this thread during the step. With one
         intra-op thread on CPU all of torch's work runs on this thread, so it is the step's cost
         without the time spent waiting for a core that other processes hold.
+
+        With ``--fp16`` fairseq skips a step whose gradients overflowed (``train_step`` returns None
+        and the update count does not advance) and halves the loss scale: normal while the scale
+        settles. Such a step is retried (up to ``MAX_OVERFLOW_RETRIES`` times) and counted in
+        ``overflow_skips``; the seconds returned are those of the step that updated. Out of memory is
+        not a skipped step: ``raise_oom=True`` makes fairseq raise it (see ``is_oom``).
         """
-        start, cpu_start = time.perf_counter(), time.thread_time()
-        logging_output = self.trainer.train_step([self.sample])
-        if self.trainer.cuda:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        self.last_cpu_seconds = time.thread_time() - cpu_start
-        if logging_output is None:
-            raise RuntimeError(f"{self.arch} {self.shape.name}: training step skipped (out of memory)")
-        self.last_loss = float(logging_output["loss"])
-        return seconds
+        for _ in range(self.MAX_OVERFLOW_RETRIES + 1):
+            updates = self.trainer.get_num_updates()
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            logging_output = self.trainer.train_step([self.sample], raise_oom=True)
+            if self.trainer.cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            self.last_cpu_seconds = time.thread_time() - cpu_start
+            if logging_output is not None:
+                self.last_loss = float(logging_output["loss"])
+                return seconds
+            if self.trainer.get_num_updates() != updates:
+                raise RuntimeError(f"{self.label} {self.shape.name}: fairseq returned no logging output for an update")
+            self.overflow_skips += 1  # gradient overflow: fairseq lowered the loss scale, try again
+        raise RuntimeError(f"{self.label} {self.shape.name}: {self.MAX_OVERFLOW_RETRIES + 1} consecutive steps "
+                           "skipped on gradient overflow (the fp16 loss scale does not settle)")
 
     def grad_norm(self):
         """L2 norm of the gradients left by the last step (fairseq zeroes them at the next one)."""
@@ -197,6 +213,12 @@ class Bench:
             loss, _, _ = self.trainer.criterion(self.trainer.model, self.trainer._prepare_sample(self.sample)[0])
         del loss
         return sum(storages.values())
+
+
+def is_oom(error):
+    """True for an out-of-memory error, whichever way torch or fairseq raised it."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    return isinstance(error, oom_type) or "out of memory" in str(error).lower()
 
 
 def fuse_deepnorm_residual(model):

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from .common import BASELINE, Batch, Bench, Shape, machine, quiet_fairseq, summarize
+from .common import BASELINE, Batch, Bench, Shape, is_oom, machine, quiet_fairseq, summarize
 from .throughput import time_interleaved
 
 # Dense fp16/bf16 tensor-core peak TFLOP/s from the vendors' data sheets (no sparsity), by name fragment.
@@ -111,10 +111,6 @@ def apex_ab(precision_args, device, shape, batch, rounds, steps, log):
            "speedup_apex_on": summarize([o / a for a, o in zip(seconds["apex_on"], seconds["apex_off"])])}
     free(on, off)
     return out
-
-
-def is_oom(error):
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error)
 
 
 def try_depth(layers, precision_args, device, batch):

@@ -15,12 +15,15 @@ Both keep the ``--deepnorm-{decoder,encoder}-{alpha,beta}`` overrides.
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig, base_lm_architecture
 from fairseq.utils import safe_getattr, safe_hasattr
 
+from .compile_layers import MODES as COMPILE_MODES
+from .compile_layers import add_compile_args
 from .deepnet_transformer import DeepNetConfig, DeepNetDecoder, DeepNetEncoder, deepnorm_init_
 from .deepnorm import DeepNormConstants, deepnorm_constants
 
@@ -48,6 +51,10 @@ class DeepNetLanguageModelConfig(TransformerLanguageModelConfig):
         default=None, metadata={"help": "override DeepNorm's alpha (default: (2M)^(1/4))"})
     deepnorm_decoder_beta: Optional[float] = field(
         default=None, metadata={"help": "override DeepNorm's init gain beta (default: (8M)^(-1/4))"})
+    compile_layers: bool = field(
+        default=False, metadata={"help": "compile each decoder layer's training forward+backward with torch.compile"})
+    compile_layers_mode: ChoiceEnum(COMPILE_MODES) = field(
+        default="default", metadata={"help": "torch.compile mode for --compile-layers"})
 
 
 @register_model("deepnet_transformer_lm", dataclass=DeepNetLanguageModelConfig)
@@ -87,6 +94,7 @@ class DeepNetRobertaModel(RobertaModel):
         RobertaModel.add_args(parser)
         parser.add_argument("--deepnorm-encoder-alpha", type=float, help="override DeepNorm's alpha ((2N)^(1/4))")
         parser.add_argument("--deepnorm-encoder-beta", type=float, help="override DeepNorm's beta ((8N)^(-1/4))")
+        add_compile_args(parser)
 
     @classmethod
     def build_model(cls, args, task):

@@ -12,6 +12,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.modules import LayerNorm
 from torch import nn
 
+from .compile_layers import add_compile_args, check_compile_args
 from .layers import LayerClassDecoder, LayerClassEncoder
 
 
@@ -51,10 +52,12 @@ class LayerClassTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, cls.config_class(), delete_default=True, with_prefix="")
+        add_compile_args(parser)  # --compile-layers for every architecture built on this class
 
     @classmethod
     def build_model(cls, args, task):
         check_depth(args)
+        check_compile_args(args)
         cls.check_args(args)
         return super().build_model(args, task)
 

@@ -5,9 +5,15 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from .compile_layers import compile_layer
+
 
 def wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, exactly as fairseq's ``build_*_layer`` apply them."""
+    """``--compile-layers`` (innermost), then activation checkpointing and FSDP wrapping, exactly as
+    fairseq's ``build_*_layer`` apply them."""
+    if getattr(cfg, "compile_layers", False):
+        layer = compile_layer(layer, mode=getattr(cfg, "compile_layers_mode", None) or "default",
+                              checkpointed=bool(cfg.checkpoint_activations))
     if cfg.checkpoint_activations:
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     # when checkpointing, FSDP always wraps the checkpointed layer, whatever its size

@@ -1,0 +1,175 @@
+"""``--compile-layers`` against eager, in one process: seconds per training step after compilation,
+the compilation cost, aten ops dispatched per step, and where the step's CPU time goes.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.compile_speed --shapes cpu \\
+        --out benchmarks/results/compile_layers_cpu.json
+
+Two ``deepnet_transformer`` models with identical weights (the compiled one loads the eager one's
+state dict) take real fairseq training steps (forward, backward, Adam) on the same fixed synthetic
+batch. The first compiled steps compile (timed separately); then both are timed interleaved step by
+step, the order swapped every round, ratios formed within a round and summarised as median
+(min-max), by wall clock and by the CPU time of the compute thread, with the load average beside
+them (other processes share the machine). One profiled step per model counts the ``aten::`` ops
+(every dispatcher call torch.profiler records, nested ones included) and lists the ops with the
+most self CPU time.
+
+Shapes: ``18L-18L-d64`` (FFN 128, 2 heads; small batch: dominated by per-op overhead, like the
+launch-bound GPU case) and ``18L-18L-iwslt`` (DeepNet 18L-18L at the IWSLT size, 512/1024/4).
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from collections import Counter
+
+import torch
+
+from .common import Batch, Bench, Shape, machine, quiet_fairseq, summarize, write_json
+
+SHAPES = {
+    "tiny": (Shape(2, 2, 32, 64, 2), Batch(4, 8, 8, 200)),
+    "18L-18L-d64": (Shape(18, 18, 64, 128, 2), Batch(16, 20, 20, 1000)),
+    "18L-18L-iwslt": (Shape(18, 18, 512, 1024, 4), Batch(16, 24, 24, 8000)),
+}
+SHAPE_SETS = {"cpu": ["18L-18L-d64", "18L-18L-iwslt"], "tiny": ["tiny"], "d64": ["18L-18L-d64"]}
+ARCH = "deepnet_transformer"
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def op_profile(bench, top=12):
+    """aten op count of one step, profiler events of compiled regions, and the top ops by self CPU time."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        bench.step()
+    events = prof.key_averages()
+    aten = {e.key: e.count for e in events if e.key.startswith("aten::")}
+    compiled = {e.key: e.count for e in events if "Compiled" in e.key or "compiled" in e.key}
+    total_self = sum(e.self_cpu_time_total for e in events)
+    tops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "aten_ops_per_step": sum(aten.values()),
+        "distinct_aten_ops": len(aten),
+        "aten_op_counts": dict(Counter(aten).most_common()),
+        "compiled_region_events": compiled,
+        "profiled_self_cpu_ms": total_self / 1e3,
+        "top_self_cpu": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                          "share": e.self_cpu_time_total / total_self if total_self else 0.0} for e in tops],
+    }
+
+
+def graph_stats():
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print):
+    import torch._dynamo
+
+    shape, batch = SHAPES[shape_name]
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    eager = Bench(ARCH, shape, batch, extra_args=extra_args, label="eager")
+    compiled = Bench(ARCH, shape, batch, extra_args=[*extra_args, "--compile-layers"], label="compile_layers")
+    compiled.model.load_state_dict(eager.model.state_dict())
+    layers = len(compiled.model.encoder.layers) + len(compiled.model.decoder.layers)
+    first = {}
+    for bench in (eager, compiled):
+        start, cpu = time.perf_counter(), time.thread_time()
+        bench.step()
+        first[bench.label] = {"wall_s": time.perf_counter() - start, "cpu_s": time.thread_time() - cpu,
+                              "loss": bench.last_loss}
+        for _ in range(warmup):
+            bench.step()
+    log(f"  first step: eager {first['eager']['wall_s']:.2f} s, compile_layers {first['compile_layers']['wall_s']:.1f} s "
+        f"(compilation), losses {first['eager']['loss']:.4f} / {first['compile_layers']['loss']:.4f}")
+    stats = graph_stats()
+    log(f"  compiled graphs: {stats['unique_graphs']} for {layers} layers, graph breaks: {stats['graph_breaks']}")
+    seconds = {clock: {"eager": [], "compile_layers": []} for clock in ("wall", "cpu")}
+    loads = []
+    for r in range(rounds):
+        order = (eager, compiled) if r % 2 == 0 else (compiled, eager)
+        totals = {clock: {"eager": 0.0, "compile_layers": 0.0} for clock in seconds}
+        loads.append(load())
+        for _ in range(steps):
+            for bench in order:
+                totals["wall"][bench.label] += bench.step()
+                totals["cpu"][bench.label] += bench.last_cpu_seconds
+        for clock in seconds:
+            for label, total in totals[clock].items():
+                seconds[clock][label].append(total / steps)
+        log(f"  round {r + 1}/{rounds} (load {loads[-1]:.2f}): eager {seconds['wall']['eager'][-1]:.3f} s "
+            f"({seconds['cpu']['eager'][-1]:.3f} CPU s), compile_layers {seconds['wall']['compile_layers'][-1]:.3f} s "
+            f"({seconds['cpu']['compile_layers'][-1]:.3f} CPU s)")
+    profiles = {bench.label: op_profile(bench) for bench in (eager, compiled)}
+    assert graph_stats()["unique_graphs"] == stats["unique_graphs"], "timed steps recompiled"
+    out = {
+        "shape": shape.name, "arch": ARCH, "target_tokens_per_step": batch.target_tokens,
+        "batch": dataclasses.asdict(batch), "layers": layers,
+        "parameters": eager.parameters, "extra_args": list(extra_args),
+        "first_step": first, "compiled_graphs": stats, "rounds": rounds, "steps_per_round": steps,
+        "load_average_1min": summarize(loads),
+        "last_loss": {"eager": eager.last_loss, "compile_layers": compiled.last_loss},
+    }
+    for clock in seconds:
+        out[f"s_per_update_{clock}"] = {label: summarize(v) for label, v in seconds[clock].items()}
+        out[f"speedup_{clock}"] = summarize([e / c for e, c in zip(seconds[clock]["eager"], seconds[clock]["compile_layers"])])
+    out["profile"] = profiles
+    out["aten_ops_ratio"] = profiles["eager"]["aten_ops_per_step"] / max(1, profiles["compile_layers"]["aten_ops_per_step"])
+    return out
+
+
+def render(result):
+    """Markdown rows: one per shape."""
+    lines = ["| shape | tokens/step | eager s/update (wall) | compiled s/update (wall) | speed-up wall median (min-max) "
+             "| speed-up CPU time median (min-max) | aten ops/step eager | aten ops/step compiled | graphs (layers) "
+             "| first compiled step s | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["shapes"].values():
+        sw, sc = r["speedup_wall"], r["speedup_cpu"]
+        lines.append(
+            f"| {r['shape']} | {r['target_tokens_per_step']} | {r['s_per_update_wall']['eager']['median']:.3f} "
+            f"| {r['s_per_update_wall']['compile_layers']['median']:.3f} | {sw['median']:.2f}x ({sw['min']:.2f}-{sw['max']:.2f}) "
+            f"| {sc['median']:.2f}x ({sc['min']:.2f}-{sc['max']:.2f}) | {r['profile']['eager']['aten_ops_per_step']:,} "
+            f"| {r['profile']['compile_layers']['aten_ops_per_step']:,} | {r['compiled_graphs']['unique_graphs']} ({r['layers']}) "
+            f"| {r['first_step']['compile_layers']['wall_s']:.0f} | {r['load_average_1min']['median']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="cpu", choices=sorted(SHAPE_SETS) + sorted(SHAPES))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first (compiling) one")
+    parser.add_argument("--extra-args", default="", help="more fairseq-train options for both models")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    quiet_fairseq()
+    names = SHAPE_SETS.get(args.shapes, [args.shapes])
+    result = {"machine": machine(), "command": " ".join(["python -m benchmarks.compile_speed", *sys.argv[1:]]),
+              "shapes": {}}
+    print(f"# machine: {result['machine']}", flush=True)
+    for name in names:
+        print(f"## {name}", flush=True)
+        result["shapes"][name] = res = compare(name, args.rounds, args.steps, args.warmup, args.extra_args.split(),
+                                               log=lambda s: print(s, flush=True))
+        for label in ("eager", "compile_layers"):
+            p = res["profile"][label]
+            print(f"  {label}: {p['aten_ops_per_step']} aten ops/step ({p['distinct_aten_ops']} distinct); top self CPU: "
+                  + ", ".join(f"{t['op']} {t['share']:.0%}" for t in p["top_self_cpu"][:6]), flush=True)
+        if args.out:
+            write_json(args.out, result)
+    print(render(result), flush=True)
+    if args.out:
+        write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
