@@ -16,6 +16,7 @@ Usage: scripts/train_setup.sh --config configs/<setup>.yaml --arch deepnet|preln
   --cpu [--procs P]   train on CPU, P gloo processes (torchrun)
   --tensorboard-logdir DIR   (default: <run folder>/tb)
   --run-dir DIR       (default: runs/<setup>/<arch>/<N>L-<M>L)
+  --gpu-memory-gib G  with train.max_tokens_gpu_gib set: size max_tokens for G GiB GPUs (default: the visible GPUs')
   --dry-run           print every command (all nodes) and exit
   --force             retrain a run folder marked finished
   key=value           override any config value, e.g. train.lr=1e-3 train.max_update=2000
@@ -33,7 +34,7 @@ need() { [ $# -ge 2 ] || { echo "train: option $1 needs a value (see --help)" >&
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need "$@"; config=$2; shift 2 ;;
-    --arch|--layers|--gpus|--nodes|--node-rank|--master-addr|--master-port|--launcher|--procs|--tensorboard-logdir|--run-dir)
+    --arch|--layers|--gpus|--nodes|--node-rank|--master-addr|--master-port|--launcher|--procs|--tensorboard-logdir|--run-dir|--gpu-memory-gib)
       need "$@"; args+=("$1" "$2"); shift 2 ;;
     --cpu|--dry-run|--force) args+=("$1"); shift ;;
     -h|--help) usage; exit 0 ;;

@@ -289,3 +289,33 @@ def test_install_rejects_an_unknown_extra_in_one_line(tmp_path):
     assert not (tmp_path / "venv").exists()
     assert "fairscale==" in (ROOT / "requirements-fsdp.txt").read_text()
     assert 'EXTRAS="$(EXTRAS)"' in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.parametrize("gib, world, expected", [(32, 8, 4096), (80, 8, 8192), (16, 8, 2048), (24, 8, 2048),
+                                                  (141, 8, 16384), (141, 6, 4369), (80, 3, None)])  # 21845 = 5 x 17 x 257
+def test_max_tokens_sized_to_gpu_memory_keeps_the_batch(gib, world, expected):
+    cfg = cfgmod.load(CONFIGS["wmt17_en_de"], ["train.max_tokens_gpu_gib=32"])  # 4096 tokens on 32 GiB, 131072 per update
+    cfg["train"]["batch_tokens"] = 131070 if world == 6 else cfg["train"]["batch_tokens"]
+    if expected is None:  # 131072 tokens do not split over 3 processes
+        with pytest.raises(launch.LaunchError, match="cannot be split over 3 processes"):
+            launch.fit_max_tokens(cfg, world, gib)
+        return
+    tokens = launch.fit_max_tokens(cfg, world, gib)
+    assert tokens == expected and tokens <= 4096 * gib / 32
+    cfg["train"]["max_tokens"] = tokens
+    assert tokens * world * launch.update_freq(cfg, world) == cfg["train"]["batch_tokens"]
+
+
+def test_launch_sizes_max_tokens_from_the_visible_gpus(capsys, monkeypatch):
+    monkeypatch.setattr(launch, "gpu_memory_gib", lambda: 79.6)  # a faked 80 GB card as torch.cuda reports it
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.max_tokens_gpu_gib=32")
+    assert argv[argv.index("--max-tokens") + 1] == "8192" and argv[argv.index("--update-freq") + 1] == "2"
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.max_tokens_gpu_gib=32",
+                    "--gpu-memory-gib", "16")
+    assert argv[argv.index("--max-tokens") + 1] == "2048" and argv[argv.index("--update-freq") + 1] == "8"
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8")  # not set: the config's value
+    assert argv[argv.index("--max-tokens") + 1] == "4096"
+    monkeypatch.setattr(launch, "gpu_memory_gib", lambda: None)
+    assert launch.main([str(CONFIGS["wmt17_en_de"]), "--dry-run", "--arch", "deepnet", "--gpus", "8",
+                        "train.max_tokens_gpu_gib=32"]) == 2
+    assert "no GPU is visible; give --gpu-memory-gib" in capsys.readouterr().err

@@ -89,6 +89,9 @@ SCHEMA = {
         "label_smoothing": (NUM, 0.1),
         "max_tokens": ((int,), 4096),  # per GPU (per process) and step
         "batch_tokens": ((int,), 4096),  # effective tokens per update: max_tokens x world x update_freq
+        # GPU memory (GiB) max_tokens was sized for; the launcher then scales max_tokens to the GPU's
+        # memory, keeping batch_tokens (update-freq follows). null: max_tokens as given
+        "max_tokens_gpu_gib": (OPT_NUM, None),
         "max_update": ((int,), 8000),
         "max_epoch": (OPT_INT, None),
         "save_interval_updates": ((int,), 1000),
@@ -265,6 +268,8 @@ def validate(cfg, where):
     if train["precision"] == "bf16" and train["ddp_backend"] == "fully_sharded":
         raise ConfigError(f"{where}: train.precision bf16 does not work with train.ddp_backend fully_sharded "
                           "(fairseq 0.12's FSDP has no bf16); use fp16")
+    if train["max_tokens_gpu_gib"] is not None and train["max_tokens_gpu_gib"] <= 0:
+        raise ConfigError(f"{where}: key 'train.max_tokens_gpu_gib' must be > 0 (or null)")
     if train["fp16_init_scale"] <= 0 or train["min_loss_scale"] <= 0 or not 0 <= train["fp16_scale_tolerance"] < 1:
         raise ConfigError(f"{where}: train.fp16_init_scale and train.min_loss_scale must be > 0, "
                           "train.fp16_scale_tolerance in [0, 1)")

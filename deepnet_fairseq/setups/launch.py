@@ -69,6 +69,33 @@ def update_freq(cfg, world_size):
     return freq
 
 
+def fit_max_tokens(cfg, world_size, gpu_gib):
+    """``train.max_tokens`` for a GPU with ``gpu_gib`` GiB: the config's value was sized for
+    ``train.max_tokens_gpu_gib`` GiB; scaled by the ratio, then lowered to the largest value that keeps
+    ``max_tokens x world size x update-freq == train.batch_tokens`` (null: the config's value)."""
+    train = cfg["train"]
+    if train["max_tokens_gpu_gib"] is None or gpu_gib is None:
+        return train["max_tokens"]
+    cap = int(train["max_tokens"] * gpu_gib / train["max_tokens_gpu_gib"])
+    per_process, rest = divmod(train["batch_tokens"], world_size)
+    if rest or cap < 1 or per_process < 1:
+        raise LaunchError(f"train.batch_tokens {train['batch_tokens']} cannot be split over {world_size} processes "
+                          f"with at most {cap} tokens each ({gpu_gib:g} GiB GPUs)")
+    freq = -(-per_process // cap)  # the fewest steps per update, then the next that divides evenly
+    while per_process % freq:
+        freq += 1
+    return per_process // freq
+
+
+def gpu_memory_gib():
+    """The smallest visible GPU's memory in GiB (None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 2**30
+
+
 def run_dir(cfg, arch, layers):
     return Path(cfg["paths"]["runs"]) / cfg["setup"] / arch / f"{layers[0]}L-{layers[1]}L"
 
@@ -260,6 +287,8 @@ def main(argv=None):
     parser.add_argument("--procs", type=int, default=1, help="CPU processes per node (with --cpu)")
     parser.add_argument("--tensorboard-logdir", help="default: <run folder>/tb")
     parser.add_argument("--run-dir", help="default: <paths.runs>/<setup>/<arch>/<N>L-<M>L")
+    parser.add_argument("--gpu-memory-gib", type=float, help="with train.max_tokens_gpu_gib: size max_tokens for GPUs "
+                        "of this memory (default: the visible GPUs')")
     parser.add_argument("--dry-run", action="store_true", help="print the commands (all nodes) and exit")
     parser.add_argument("--force", action="store_true", help="train even if the run folder is marked finished")
     opts = parser.parse_intermixed_args(argv)
@@ -281,6 +310,14 @@ def main(argv=None):
             if getattr(opts, name) < 1:
                 raise LaunchError(f"--{name} must be >= 1")
         world = opts.nodes * (opts.procs if opts.cpu else opts.gpus)
+        if cfg["train"]["max_tokens_gpu_gib"] is not None and not opts.cpu:
+            gib = opts.gpu_memory_gib if opts.gpu_memory_gib is not None else gpu_memory_gib()
+            if gib is None:
+                raise LaunchError("train.max_tokens_gpu_gib is set but no GPU is visible; give --gpu-memory-gib")
+            sized = fit_max_tokens(cfg, world, gib)
+            print(f"[train] max_tokens {cfg['train']['max_tokens']} was sized for {cfg['train']['max_tokens_gpu_gib']:g} GiB; "
+                  f"{gib:g} GiB GPUs: max_tokens {sized}", file=sys.stderr)
+            cfg["train"]["max_tokens"] = sized
         folder = Path(opts.run_dir) if opts.run_dir else run_dir(cfg, opts.arch, layers)
         tb = opts.tensorboard_logdir or folder / "tb"
         fairseq_args = train_args(cfg, opts.arch, layers, world, not opts.cpu, folder / "checkpoints", tb)
