@@ -1,25 +1,35 @@
-"""``make demo``: Post-LN, Pre-LN and DeepNet at equal depth, side by side.
+"""``make demo``: at one depth, Post-LN stalls where DeepNet trains.
 
-Trains the three normalisation schemes at the same depth, learning rate, warm-up and seed on a small
-task (by default the package's own deterministic reverse-and-map task; ``--raw-dir`` takes real
-parallel text such as ../shared/data/multi30k_de_en), through the real ``fairseq-train`` with the
-plugin's diagnostic criterion, and shows each model's loss trajectory and how far its output moved
-from its initial output, ||F(x, theta_t) - F(x, theta_0)||, as a table and a PNG.
-The training itself is the depth sweep's (deepnet_fairseq.diagnostics.sweep), at a single depth.
+Trains Post-LN (fairseq's ``transformer``), Pre-LN and DeepNet at the same depth, learning rate,
+warm-up and seed through the real ``fairseq-train``, on the package's reverse-and-map task
+(``deepnet_fairseq/synthetic.py``: reverse a sentence of 3-10 words and translate every word through
+a fixed 16-word lexicon) or, with ``--raw-dir``, on real parallel text. It prints one line per model
+and a table, and writes ``OUT/comparison.{txt,png}`` and ``OUT/summary.json``: the final training
+loss (bits per token as fairseq logs it, mean of the last 10 updates), whether training diverged, and the held-out score
+(token accuracy on the task's held-out split, teacher-forced, from fairseq's validation).
 """
 
 import argparse
-import csv
+import json
+import math
+import os
+import re
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .synthetic import write_reverse_map_task
 
 ARCHS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}
 BIN = Path(sys.executable).parent
+USER_DIR = Path(__file__).resolve().parent
+SHAPE = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
+         "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+LOG_LINE = re.compile(r"\| (train_inner|valid) \| (\{.*\})\s*$")
+TASK_VOCAB, TASK_LENGTHS = 16, (3, 10)
 
 
 def parse_args(argv=None):
@@ -31,16 +41,18 @@ def parse_args(argv=None):
     p.add_argument("--tgt", default="en", help="target language suffix with --raw-dir (default: %(default)s)")
     p.add_argument("--train-pairs", type=int, default=4000, help="training pairs used (default: %(default)s)")
     p.add_argument("--layers", type=int, default=18, help="encoder and decoder layers, N = M (default: %(default)s)")
-    p.add_argument("--updates", type=int, default=120, help="updates per model (default: %(default)s)")
-    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=4, help="warm-up updates (default: %(default)s)")
+    p.add_argument("--updates", type=int, default=400, help="updates per model (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=100, help="warm-up updates, inverse-sqrt after (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--jobs", type=int, default=2, help="models trained in parallel, one thread each (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=3, help="models trained at once, one thread each (default: %(default)s)")
     p.add_argument("--out", default="demo_out", help="output folder (default: %(default)s)")
     args = p.parse_args(argv)
-    for name in ("train_pairs", "layers", "updates", "jobs"):
+    for name in ("train_pairs", "layers", "updates", "jobs", "warmup"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.lr > 0:
+        p.error("--lr must be > 0")
     return args
 
 
@@ -48,7 +60,7 @@ def prepare_text(args, out):
     """Plain-text train/valid files under out/text (src/tgt suffixes)."""
     text = out / "text"
     if args.raw_dir is None:
-        write_reverse_map_task(text, train=args.train_pairs)
+        write_reverse_map_task(text, train=args.train_pairs, vocab=TASK_VOCAB, lengths=TASK_LENGTHS)
         return text, "src", "tgt"
     raw = Path(args.raw_dir)
     text.mkdir(parents=True, exist_ok=True)
@@ -66,78 +78,113 @@ def prepare_text(args, out):
     return text, args.src, args.tgt
 
 
+def unigram_entropy(path):
+    """Bits per token of the best model that ignores the source: target word frequencies (with EOS)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    counts = Counter(word for line in lines for word in line.split())
+    counts["</s>"] = len(lines)
+    total = sum(counts.values())
+    return -sum(c / total * math.log2(c / total) for c in counts.values())
+
+
 def binarise(text, src, tgt, out):
-    dest = out / "bin"
+    dest = out / f"bin_{src}_{tgt}"
     if (dest / ".done").exists():
         return dest
     subprocess.run([BIN / "fairseq-preprocess", "-s", src, "-t", tgt, "--trainpref", text / "train",
                     "--validpref", text / "valid", "--destdir", dest, "--joined-dictionary", "--workers", "1"],
-                   check=True, stdout=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (dest / ".done").touch()
     return dest
 
 
-def read_curves(path):
-    curves = defaultdict(dict)  # (arch, metric) -> {update: value}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            curves[row["arch"], row["metric"]][int(row["update"])] = float(row["value"])
-    return curves
+def train(args, data, arch, run_dir):
+    """One fairseq-train run (skipped if ``run_dir`` holds a finished one); returns its per-update records,
+    the held-out record and a divergence reason."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / ".done").exists():
+        return read_log((run_dir / "train.log").read_text(errors="replace"))
+    cmd = [BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--task", "translation", "--arch", arch,
+           "--encoder-layers", args.layers, "--decoder-layers", args.layers, *SHAPE, "--share-all-embeddings",
+           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", args.lr, "--lr-scheduler", "inverse_sqrt",
+           "--warmup-updates", args.warmup, "--warmup-init-lr", "1e-07", "--dropout", "0.0",
+           "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.0", "--report-accuracy",
+           "--diag-update-norm-interval", "10", "--divergence-guard",
+           "--max-tokens", "1000", "--max-update", args.updates, "--seed", args.seed, "--cpu", "--num-workers", "0",
+           "--log-format", "json", "--log-interval", "1", "--validate-interval", "100000", "--no-save"]
+    (run_dir / "command.txt").write_text(" ".join(map(str, cmd)) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    with open(run_dir / "train.log", "w") as log:
+        rc = subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    text = (run_dir / "train.log").read_text(errors="replace")
+    if rc != 0 and "DivergenceError" not in text:
+        raise SystemExit(f"demo: fairseq-train failed for {arch}, see {run_dir / 'train.log'}")
+    (run_dir / ".done").touch()
+    return read_log(text)
 
 
-def read_runs(path):
-    with open(path, newline="") as f:
-        return {row["arch"]: row for row in csv.DictReader(f)}
+def read_log(text):
+    inner, valid = [], None
+    for line in text.splitlines():
+        m = LOG_LINE.search(line)
+        if m:
+            record = json.loads(m.group(2))
+            if m.group(1) == "train_inner":
+                inner.append(record)
+            else:
+                valid = record
+    m = re.search(r"DivergenceError: (.*)", text)
+    return inner, valid, m.group(1).strip() if m else ""
 
 
-def at(series, update):
-    """The value logged at the last update <= `update` (runs that stopped early keep their last value)."""
-    keys = [u for u in series if u <= update]
-    return series[max(keys)] if keys else float("nan")
+def series(records, key, shift=0):
+    return {int(float(r["num_updates"])) + shift: float(r[key]) for r in records if r.get(key) not in (None, "")}
 
 
-def table(curves, runs, updates):
-    # the update norm separates the methods in the first updates (DeepNet Fig. 4); later it saturates
-    marks = sorted({u for u in (2, 3, 5, 10, updates // 2) if 1 <= u < updates} | {updates})
-    head = f"{'model':8} {'metric':22}" + "".join(f"{'@' + str(u):>10}" for u in marks) + "   outcome"
+def at(values, update):
+    """The value logged at the last update <= ``update``."""
+    keys = [u for u in values if u <= update]
+    return values[max(keys)] if keys else float("nan")
+
+
+def table(results, updates, entropy):
+    marks = sorted({u for u in (10, updates // 4, updates // 2, 3 * updates // 4) if 10 <= u < updates} | {updates})
+    head = f"{'model':8} {'metric':26}" + "".join(f"{'@' + str(u):>8}" for u in marks) + "   held-out accuracy"
     lines = [head, "-" * len(head)]
-    for arch, label in ARCHS.items():
-        run = runs.get(arch, {})
-        outcome = f"diverged ({run.get('reason')})" if run.get("diverged") == "yes" else f"trained {run.get('updates')} updates"
-        for metric, name in (("loss", "train loss (bits)"), ("update_norm", "||F(x,t)-F(x,0)||")):
-            series = curves.get((arch, metric), {})
-            cells = "".join(f"{at(series, u):10.3f}" for u in marks)
-            lines.append(f"{label:8} {name:22}{cells}   {outcome if metric == 'loss' else ''}")
+    for label, r in results.items():
+        held = "diverged" if r["diverged"] else f"{r['heldout']:.1f}%"
+        for key, name in (("loss", "train loss (bits/token)"), ("update_norm", "||F(x,t)-F(x,0)||")):
+            cells = "".join(f"{at(r['curves'][key], u):8.3f}" for u in marks)
+            lines.append(f"{label:8} {name:26}{cells}   {held if key == 'loss' else ''}")
+    lines.append(f"(a model that ignores the source scores {entropy:.2f} bits/token: the targets' unigram entropy)")
     return "\n".join(lines)
 
 
-def plot(curves, runs, layers, out_png, title):
-    import logging
-
+def plot(results, args, entropy, out_png, title):
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for arch, label in ARCHS.items():
-        for ax, metric in zip(axes, ("loss", "update_norm")):
-            series = curves.get((arch, metric), {})
-            if series:
-                xs = sorted(series)
-                suffix = " (diverged)" if runs.get(arch, {}).get("diverged") == "yes" else ""
-                ax.plot(xs, [series[x] for x in xs], label=label + suffix)
+    for label, r in results.items():
+        for ax, key in zip(axes, ("loss", "update_norm")):
+            values = r["curves"][key]
+            xs = sorted(values)
+            suffix = " (diverged)" if r["diverged"] else ("" if key != "loss" else f", held-out acc {r['heldout']:.0f}%")
+            ax.plot(xs, [values[x] for x in xs], label=label + suffix)
+    axes[0].axhline(entropy, color="grey", ls=":", lw=1)
+    axes[0].text(0, entropy, " ignores the source (unigram entropy)", va="bottom", fontsize=7, color="grey")
     axes[0].set(title="training loss", xlabel="update", ylabel="loss (bits/token)")
-    # log-scaled updates: the methods differ in the first few updates, then the norm saturates
-    axes[1].set(title="model update ||F(x,θ_t) − F(x,θ_0)||", xlabel="update (log scale)",
-                ylabel="norm on a fixed probe batch", xscale="log")
+    axes[1].set(title="model update ||F(x,θ_t) − F(x,θ_0)||", xlabel="update", ylabel="norm on a fixed probe batch")
     for ax in axes:
-        ax.legend()
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}: {layers}L-{layers}L, same lr / warm-up / seed")
+    fig.suptitle(f"{title}: {args.layers}L-{args.layers}L d64, lr {args.lr:g}, {args.warmup} warm-up updates, "
+                 f"seed {args.seed}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -147,19 +194,42 @@ def main(argv=None):
     start = time.time()
     text, src, tgt = prepare_text(args, out)
     data = binarise(text, src, tgt, out)
-    sweep_out = out / f"sweep_L{args.layers}_u{args.updates}_lr{args.lr:g}_w{args.warmup}_s{args.seed}"
-    subprocess.run([sys.executable, "-m", "deepnet_fairseq.diagnostics.sweep", "--data", data,
-                    "--archs", ",".join(ARCHS), "--depths", str(args.layers), "--seeds", str(args.seed),
-                    "--updates", str(args.updates), "--lr", str(args.lr), "--warmup", str(args.warmup),
-                    "--jobs", str(args.jobs), "--out", sweep_out], check=True)
-    curves, runs = read_curves(sweep_out / "curves.csv"), read_runs(sweep_out / "runs.csv")
-    title = f"real text ({Path(args.raw_dir).name})" if args.raw_dir else "embedded reverse-and-map task"
-    report = table(curves, runs, args.updates)
-    print(f"\n{title}, {args.layers}L-{args.layers}L d64, lr {args.lr:g}, warm-up {args.warmup}, seed {args.seed}\n")
-    print(report)
+    entropy = unigram_entropy(text / f"train.{tgt}")
+    title = f"real text ({Path(args.raw_dir).name})" if args.raw_dir else "reverse-and-map task (16 words)"
+    depth = f"{args.layers}L-{args.layers}L"
+    print(f"demo: {title}; Post-LN, Pre-LN and DeepNet at {depth} d64, {args.updates} updates each, "
+          f"lr {args.lr:g}, {args.warmup} warm-up updates, seed {args.seed}", flush=True)
+
+    def one(arch):
+        t0 = time.time()
+        name = f"{arch}_L{args.layers}_u{args.updates}_lr{args.lr:g}_w{args.warmup}_s{args.seed}"
+        inner, valid, reason = train(args, data, arch, out / "runs" / name)
+        # the probe runs before an update's forward: the value logged at update u is the model after u - 1
+        r = {"curves": {"loss": series(inner, "loss"), "update_norm": series(inner, "update_norm", shift=-1)},
+             "diverged": bool(reason),
+             "heldout": float(valid["valid_accuracy"]) if valid and not reason else None}
+        tail = [v for u, v in sorted(r["curves"]["loss"].items())[-10:]]
+        r["final_loss"] = None if reason or not tail else round(sum(tail) / len(tail), 4)
+        outcome = f"diverged: {reason}" if reason else (
+            f"final loss {r['final_loss']:.3f} bits/token, held-out accuracy {r['heldout']:.1f}%")
+        print(f"  {ARCHS[arch]:8} {depth}: {outcome} ({time.time() - t0:.0f} s)", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = dict(zip(ARCHS.values(), pool.map(one, ARCHS)))
+    report = table(results, args.updates, entropy)
+    print("\n" + report)
     (out / "comparison.txt").write_text(report + "\n", encoding="utf-8")
-    plot(curves, runs, args.layers, out / "comparison.png", title)
-    print(f"\nwrote {out / 'comparison.txt'} and {out / 'comparison.png'} in {time.time() - start:.0f} s")
+    plot(results, args, entropy, out / "comparison.png", title)
+    summary = {"depth": depth, "heldout_metric": "token accuracy (%, teacher-forced) on the held-out split",
+               "unigram_entropy_bits": round(entropy, 4),
+               "settings": {"updates": args.updates, "lr": args.lr, "warmup": args.warmup, "seed": args.seed,
+                            "task": title},
+               "models": {label: {"final_loss": r["final_loss"], "diverged": r["diverged"], "heldout": r["heldout"]}
+                          for label, r in results.items()}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {out / 'comparison.txt'}, {out / 'comparison.png'} and {out / 'summary.json'} "
+          f"in {time.time() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -230,3 +230,27 @@ def test_committed_sweep_csvs_back_the_documented_claims_and_replot(tmp_path):
     written = plot_all(figures / "runs.csv", figures / "curves.csv", tmp_path, warmup=4)
     assert [p.name for p in written] == ["update_norm.png", "grad_norm_by_layer.png", "loss_vs_depth.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
+
+
+def test_figures_command_tiny_setting_writes_the_papers_figures(tmp_path):
+    """scripts/figures.sh --tiny: the same code as the committed figures, 2L/3L and 6 updates."""
+    import csv
+    from pathlib import Path
+
+    root = Path(USER_DIR).parent
+    assert "DeepNet Fig. 5" in run(["bash", "scripts/figures.sh", "--help"], cwd=root).stdout
+    proc = run(["bash", "scripts/figures.sh", "--tiny", "--out", tmp_path / "runs", "--figures", tmp_path / "fig"],
+               cwd=root)
+    with open(tmp_path / "fig" / "fig5_update_norm.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["arch", "layers", "update", "update_norm"]
+    assert {(r["arch"], r["layers"]) for r in rows} == {(a, d) for a in ("postln", "deepnet") for d in ("2", "3")}
+    assert all(math.isfinite(float(r["update_norm"])) and float(r["update_norm"]) > 0 for r in rows)
+    for depth in (2, 3):
+        assert re.search(rf"{depth}L-{depth}L: Post-LN [0-9.]+, DeepNet [0-9.]+, ratio [0-9.]+x", proc.stdout)
+    for name in ("fig5_update_norm.png", "fig3_18L.png", "preln_fig3_grad_norm_init.png"):
+        assert (tmp_path / "fig" / name).stat().st_size > 10_000
+    with open(tmp_path / "fig" / "fig3_18L.csv", newline="") as f:
+        fig3 = list(csv.DictReader(f))
+    assert {r["run"] for r in fig3} == {"postln_warmup", "postln_nowarmup", "deepnet_warmup"}
+    assert {r["metric"] for r in fig3} >= {"update_norm", "lnin_dec_ffn", "gnorm_dec_ffn"}

@@ -29,6 +29,8 @@ TINY_SHAPE = ("--encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed
               "--decoder-ffn-embed-dim 128 --encoder-attention-heads 2 --decoder-attention-heads 2").split()
 RUN_FIELDS = ["arch", "depth", "seed", "updates", "final_train_loss", "valid_loss", "bleu", "diverged", "reason",
               "wall_s"]
+# every diagnostic, every update; a caller may pass a leaner list as ``args.diag``
+ALL_DIAGNOSTICS = ("--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard")
 LOG_LINE = re.compile(r"\| (train_inner|valid|train) \| (\{.*\})\s*$")
 
 
@@ -148,8 +150,15 @@ def diverged_reason(text, inner, rc):
     return ""
 
 
-def train_one(args, data, arch, depth, seed):
-    run_dir = Path(args.out) / "runs" / f"{arch}_L{depth}_s{seed}"
+def schedule(warmup):
+    """inverse_sqrt with ``warmup`` linear warm-up updates from 1e-7; 0 = no warm-up (constant lr)."""
+    if warmup == 0:
+        return ["--lr-scheduler", "fixed"]
+    return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup, "--warmup-init-lr", "1e-07"]
+
+
+def train_one(args, data, arch, depth, seed, name=None):
+    run_dir = Path(args.out) / "runs" / (name or f"{arch}_L{depth}_s{seed}")
     if (run_dir / ".done").exists():
         return json.loads((run_dir / "result.json").read_text())
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -158,10 +167,9 @@ def train_one(args, data, arch, depth, seed):
            "--encoder-layers", depth, "--decoder-layers", depth, *(TINY_SHAPE if args.tiny else []),
            "--share-decoder-input-output-embed",
            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-           "--lr", args.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", args.warmup,
-           "--warmup-init-lr", "1e-07", "--dropout", "0.1",
+           "--lr", args.lr, *schedule(args.warmup), "--dropout", "0.1",
            "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-           "--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard",
+           *getattr(args, "diag", ALL_DIAGNOSTICS),
            "--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", seed, "--cpu",
            "--log-format", "json", "--log-interval", "1", "--save-dir", run_dir / "checkpoints",
            "--no-epoch-checkpoints", "--no-last-checkpoints", "--num-workers", "0",

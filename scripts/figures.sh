@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Regenerate the papers' stability figures (DeepNet Figs. 3 and 5, Pre-LN Fig. 3) into docs/figures.
+# Usage: scripts/figures.sh [--out DIR] [--figures DIR] [--jobs J] [--tiny]   (--help for details)
+# About 35 minutes of CPU (one thread per run); finished runs in DIR/runs are kept and skipped.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${VENV:-$ROOT/.venv}/bin/python"
+if [[ ! -x "$PY" ]]; then
+  echo "figures.sh: no virtual environment at ${VENV:-$ROOT/.venv}; run 'make install' first" >&2
+  exit 1
+fi
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+cd "$ROOT"
+exec "$PY" "$ROOT/deepnet_fairseq/diagnostics/figures.py" "$@"
