@@ -32,8 +32,12 @@ SHAPES = {
     "tiny": (Shape(2, 2, 32, 64, 2), Batch(4, 8, 8, 200)),
     "18L-18L-d64": (Shape(18, 18, 64, 128, 2), Batch(16, 20, 20, 1000)),
     "18L-18L-iwslt": (Shape(18, 18, 512, 1024, 4), Batch(16, 24, 24, 8000)),
+    # GPU: scripts/train_iwslt.sh's model and batch size (--max-tokens 4096), and the paper's WMT shape
+    "18L-18L-iwslt-4096": (Shape(18, 18, 512, 1024, 4), Batch(128, 32, 32, 10000)),
+    "100L-100L-d512": (Shape(100, 100, 512, 2048, 8), Batch(256, 32, 32, 32000)),
 }
-SHAPE_SETS = {"cpu": ["18L-18L-d64", "18L-18L-iwslt"], "tiny": ["tiny"], "d64": ["18L-18L-d64"]}
+SHAPE_SETS = {"cpu": ["18L-18L-d64", "18L-18L-iwslt"], "tiny": ["tiny"], "d64": ["18L-18L-d64"],
+              "gpu": ["18L-18L-iwslt-4096", "100L-100L-d512"]}
 ARCH = "deepnet_transformer"
 
 
@@ -41,10 +45,20 @@ def load():
     return os.getloadavg()[0]
 
 
-def op_profile(bench, top=12):
-    """aten op count of one step, profiler events of compiled regions, and the top ops by self CPU time."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+def op_profile(bench, top=12, device="cpu"):
+    """aten op count of one step, profiler events of compiled regions, the top ops by self CPU time,
+    and on CUDA the number of GPU kernels launched and their summed GPU time."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
         bench.step()
+    kernels = {}
+    if device == "cuda":
+        gpu_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = {"gpu_kernels_per_step": len(gpu_events),
+                   "gpu_kernel_ms_per_step": sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0)
+                                                 for e in gpu_events) / 1e3}
     events = prof.key_averages()
     aten = {e.key: e.count for e in events if e.key.startswith("aten::")}
     compiled = {e.key: e.count for e in events if "Compiled" in e.key or "compiled" in e.key}
@@ -58,6 +72,7 @@ def op_profile(bench, top=12):
         "profiled_self_cpu_ms": total_self / 1e3,
         "top_self_cpu": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
                           "share": e.self_cpu_time_total / total_self if total_self else 0.0} for e in tops],
+        **kernels,
     }
 
 
@@ -68,14 +83,15 @@ def graph_stats():
             "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
-def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print):
+def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print, device="cpu"):
     import torch._dynamo
 
     shape, batch = SHAPES[shape_name]
     torch._dynamo.reset()
     torch.manual_seed(1)
-    eager = Bench(ARCH, shape, batch, extra_args=extra_args, label="eager")
-    compiled = Bench(ARCH, shape, batch, extra_args=[*extra_args, "--compile-layers"], label="compile_layers")
+    eager = Bench(ARCH, shape, batch, extra_args=extra_args, label="eager", device=device)
+    compiled = Bench(ARCH, shape, batch, extra_args=[*extra_args, "--compile-layers"], label="compile_layers",
+                     device=device)
     compiled.model.load_state_dict(eager.model.state_dict())
     layers = len(compiled.model.encoder.layers) + len(compiled.model.decoder.layers)
     first = {}
@@ -106,7 +122,7 @@ def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print):
         log(f"  round {r + 1}/{rounds} (load {loads[-1]:.2f}): eager {seconds['wall']['eager'][-1]:.3f} s "
             f"({seconds['cpu']['eager'][-1]:.3f} CPU s), compile_layers {seconds['wall']['compile_layers'][-1]:.3f} s "
             f"({seconds['cpu']['compile_layers'][-1]:.3f} CPU s)")
-    profiles = {bench.label: op_profile(bench) for bench in (eager, compiled)}
+    profiles = {bench.label: op_profile(bench, device=device) for bench in (eager, compiled)}
     assert graph_stats()["unique_graphs"] == stats["unique_graphs"], "timed steps recompiled"
     out = {
         "shape": shape.name, "arch": ARCH, "target_tokens_per_step": batch.target_tokens,
@@ -120,6 +136,18 @@ def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print):
         out[f"s_per_update_{clock}"] = {label: summarize(v) for label, v in seconds[clock].items()}
         out[f"speedup_{clock}"] = summarize([e / c for e, c in zip(seconds[clock]["eager"], seconds[clock]["compile_layers"])])
     out["profile"] = profiles
+    out["overflow_skips"] = {"eager": eager.overflow_skips, "compile_layers": compiled.overflow_skips}
+    if device == "cuda":
+        from .gpu import peak_tflops, step_flops
+
+        flops = step_flops(eager)  # same math in both; counted eagerly (a dispatch mode would recompile)
+        peak = peak_tflops(torch.cuda.get_device_name())
+        out["step_flops"], out["peak_tflops"] = flops, peak
+        for label in ("eager", "compile_layers"):
+            tflops = flops / out["s_per_update_wall"][label]["median"] / 1e12
+            out.setdefault("achieved_tflops", {})[label] = tflops
+            out.setdefault("share_of_peak", {})[label] = tflops / peak if peak else None
+            out.setdefault("target_words_per_s", {})[label] = batch.target_tokens / out["s_per_update_wall"][label]["median"]
     out["aten_ops_ratio"] = profiles["eager"]["aten_ops_per_step"] / max(1, profiles["compile_layers"]["aten_ops_per_step"])
     return out
 
@@ -148,9 +176,12 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first (compiling) one")
     parser.add_argument("--extra-args", default="", help="more fairseq-train options for both models")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     quiet_fairseq()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmarks.compile_speed: no CUDA device visible")
     names = SHAPE_SETS.get(args.shapes, [args.shapes])
     result = {"machine": machine(), "command": " ".join(["python -m benchmarks.compile_speed", *sys.argv[1:]]),
               "shapes": {}}
@@ -158,11 +189,16 @@ def main(argv=None):
     for name in names:
         print(f"## {name}", flush=True)
         result["shapes"][name] = res = compare(name, args.rounds, args.steps, args.warmup, args.extra_args.split(),
-                                               log=lambda s: print(s, flush=True))
+                                               log=lambda s: print(s, flush=True), device=args.device)
         for label in ("eager", "compile_layers"):
             p = res["profile"][label]
             print(f"  {label}: {p['aten_ops_per_step']} aten ops/step ({p['distinct_aten_ops']} distinct); top self CPU: "
-                  + ", ".join(f"{t['op']} {t['share']:.0%}" for t in p["top_self_cpu"][:6]), flush=True)
+                  + ", ".join(f"{t['op'][:60]} {t['share']:.0%}" for t in p["top_self_cpu"][:6]), flush=True)
+            if args.device == "cuda":
+                print(f"  {label}: {p['gpu_kernels_per_step']} GPU kernels/step, {p['gpu_kernel_ms_per_step']:.1f} ms GPU "
+                      f"kernel time/step; {res['target_words_per_s'][label]:.0f} target words/s; "
+                      f"{res['achieved_tflops'][label]:.1f} TFLOP/s"
+                      + (f" ({res['share_of_peak'][label]:.1%} of peak)" if res["share_of_peak"][label] else ""), flush=True)
         if args.out:
             write_json(args.out, result)
     print(render(result), flush=True)

@@ -79,7 +79,8 @@ def precision_ab(precision_args, device, shape, batch, rounds, steps, log):
         median = summarize(seconds[bench.label])["median"]
         out[bench.label] = {"parameters": bench.parameters, "s_per_update": summarize(seconds[bench.label]),
                             "tokens_per_s": batch.target_tokens / median, "step_flops": flops,
-                            "achieved_tflops": flops / median / 1e12, "peak_bytes": peak, "loss": bench.last_loss}
+                            "achieved_tflops": flops / median / 1e12, "peak_bytes": peak, "loss": bench.last_loss,
+                            "overflow_skips": bench.overflow_skips}
     base, deep = seconds[BASELINE], seconds["deepnet_transformer"]
     out["throughput_ratio"] = summarize([b / d for b, d in zip(base, deep)])
     out["peak_memory_ratio"] = out["deepnet_transformer"]["peak_bytes"] / out[BASELINE]["peak_bytes"]
@@ -124,6 +125,7 @@ def try_depth(layers, precision_args, device, batch):
         seconds = bench.step()
         record = {"layers_per_stack": layers, "parameters": bench.parameters, "build_s": bench.build_seconds,
                   "s_per_update": seconds, "loss": bench.last_loss, "grad_norm": bench.grad_norm(),
+                  "overflow_skips": bench.overflow_skips,
                   "total_s": time.perf_counter() - start}
         if device == "cuda":
             record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -199,7 +201,8 @@ def main(argv=None):
             m = res[arch]
             print(f"  {arch}: {m['s_per_update']['median']:.4f} s/update, {m['tokens_per_s']:.0f} tokens/s, "
                   f"{m['achieved_tflops']:.4g} TFLOP/s ({m['step_flops'] / 1e12:.4g} TFLOP/step)" + (f" ({m['achieved_tflops'] / peak:.1%} of peak)" if peak else "")
-                  + f", peak memory {m['peak_bytes'] / 2**30:.2f} GiB", flush=True)
+                  + f", peak memory {m['peak_bytes'] / 2**30:.2f} GiB"
+                  + f", {m['overflow_skips']} step(s) skipped on fp16 overflow and retried", flush=True)
         print(f"  throughput ratio deepnet/transformer: {res['throughput_ratio']['median']:.3f} "
               f"({res['throughput_ratio']['min']:.3f}-{res['throughput_ratio']['max']:.3f}); "
               f"peak-memory ratio {res['peak_memory_ratio']:.4f}", flush=True)

@@ -7,6 +7,7 @@ memory is counted from torch's allocator events, which do not depend on speed.
 import math
 
 import pytest
+import torch
 
 from benchmarks import depth_scaling, gpu, throughput
 from benchmarks.common import FAMILIES
@@ -63,3 +64,55 @@ def test_linear_fit_and_gpu_peak_table():
     assert gpu.peak_tflops("NVIDIA H200") == 989.0
     assert gpu.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert gpu.peak_tflops("Some Future GPU") is None
+
+
+def skip_first_steps(monkeypatch, skips):
+    """fairseq's Trainer skips each trainer's first ``skips`` steps as on fp16 gradient overflow:
+    ``train_step`` returns None and the update count does not advance."""
+    from fairseq.trainer import Trainer
+
+    real = Trainer.train_step
+    calls = {}
+
+    def train_step(self, samples, raise_oom=False):
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        if calls[id(self)] <= skips:
+            return None
+        return real(self, samples, raise_oom=raise_oom)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    return calls
+
+
+def test_gpu_check_retries_a_step_skipped_on_fp16_overflow(monkeypatch):
+    skip_first_steps(monkeypatch, 2)
+    results = gpu.main(["--smoke", "--rounds", "1", "--steps", "1", "--search-budget-s", "60"])
+    ab = results["precision"]["fp32 (smoke)"]
+    for arch in ("transformer", "deepnet_transformer"):
+        assert ab[arch]["overflow_skips"] == 2  # retried and counted, not reported as out of memory
+        assert math.isfinite(ab[arch]["loss"])
+    search = results["depth_search"]
+    assert search["largest_fit_layers_per_stack"] == 4 and search["smallest_oom_layers_per_stack"] is None
+    assert all(record["overflow_skips"] == 2 for record in search["attempts"])
+
+
+def test_a_step_that_never_stops_overflowing_fails_and_real_oom_is_recognised(monkeypatch):
+    from benchmarks.common import Batch, Bench, Shape, is_oom
+
+    bench = Bench("deepnet_transformer", Shape(1, 1, 16, 32, 2), Batch(2, 4, 4, 60))
+    skip_first_steps(monkeypatch, Bench.MAX_OVERFLOW_RETRIES + 1)
+    with pytest.raises(RuntimeError, match="consecutive steps skipped on gradient overflow") as error:
+        bench.step()
+    assert not is_oom(error.value)
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_oom(RuntimeError("CUDA error: out of memory"))
+
+    def try_depth(layers, *args):  # a real OOM: the depth search records it and bisects
+        if layers > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return {"layers_per_stack": layers}
+
+    monkeypatch.setattr(gpu, "try_depth", try_depth)
+    search = gpu.largest_depth([], "cpu", None, 60, [2, 4], log=lambda s: None)
+    assert search["largest_fit_layers_per_stack"] == 2 and search["smallest_oom_layers_per_stack"] == 4
+    assert any("out of memory" in record.get("oom", "") for record in search["attempts"])
