@@ -78,6 +78,16 @@ def read_curves(run_dir):
     return curves
 
 
+def update_norms(curves):
+    """{updates taken: update norm}. The probe runs before an update's forward pass, so the value logged
+    with update u measures the model after u - 1 updates; the initial model (0 updates) is left out."""
+    return {u - 1: v for u, v in curves.get("update_norm", {}).items() if u > 1}
+
+
+def ratio(a, b):
+    return a / b if b > 0 else math.nan
+
+
 def by_layer(curves, prefix, suffix, layers, update):
     """Per-layer values of ``<prefix><i><suffix>`` at the last logged update <= ``update``."""
     values = []
@@ -111,15 +121,22 @@ def main(argv=None):
               + (f", diverged: {r['reason']}" if r["diverged"] == "yes" else ""), flush=True)
 
     run_dir = {(job[1], job[2], job[4]): out / "runs" / (job[4] or f"{job[1]}_L{job[2]}_s1") for job, _ in results}
-    fig5 = [(FAMILY[arch], depth, read_curves(run_dir[arch, depth, None]).get("update_norm", {}))
+    fig5 = [(FAMILY[arch], depth, update_norms(read_curves(run_dir[arch, depth, None])))
             for arch in FAMILY for depth in setting["depths"]]
     fig3 = {name: read_curves(run_dir[arch, d3, f"fig3_{name}_L{d3}"]) for name, arch, _, _ in FIG3_RUNS}
     fig3["preln"] = read_curves(run_dir[PRELN, d3, f"fig3_preln_L{d3}"])
-    summary = [f"DeepNet Fig. 5: largest early update ||F(x,θ_t) − F(x,θ_0)|| in updates 1-{setting['updates']}"]
+    marks = sorted({u for u in (setting["updates"] // 8, setting["updates"] // 4, setting["updates"] // 2) if u > 1}
+                   | {setting["updates"]})
+    summary = ["DeepNet Fig. 5: the largest model update ||F(x,θ_t) − F(x,θ_0)|| up to update u, Post-LN / DeepNet "
+               f"(the LayerNorm-ed probe caps it near sqrt(2d) = {math.sqrt(128):.1f})",
+               "  depth    " + "".join(f"{'u<=' + str(u):>26}" for u in marks)]
     for depth in setting["depths"]:
-        peak = {family: max(series.values(), default=math.nan) for family, d, series in fig5 if d == depth}
-        summary.append(f"  {depth:>3d}L-{depth}L: Post-LN {peak['postln']:.3f}, DeepNet {peak['deepnet']:.3f}, "
-                       f"ratio {peak['postln'] / peak['deepnet']:.1f}x")
+        cells = []
+        for u in marks:
+            peak = {family: max([v for k, v in series.items() if k <= u], default=math.nan)
+                    for family, d, series in fig5 if d == depth}
+            cells.append(f"{peak['postln']:.3f} / {peak['deepnet']:.3f} = {ratio(peak['postln'], peak['deepnet']):4.1f}x")
+        summary.append(f"  {depth:>3d}L-{depth}L" + "".join(f"{c:>26}" for c in cells))
     print("\n".join(summary))
     for path in write_outputs(figures, fig5, fig3, setting):
         print(f"wrote {path}")
@@ -138,7 +155,7 @@ def write_outputs(figures, fig5, fig3, setting):
         w = csv.writer(f)
         w.writerow(["arch", "layers", "update", "update_norm"])
         for family, depth, series in fig5:
-            w.writerows([family, depth, u, v] for u, v in sorted(series.items()) if u > 0)
+            w.writerows([family, depth, u, v] for u, v in sorted(series.items()))
     written.append(figures / "fig5_update_norm.csv")
 
     cap = math.sqrt(2 * 64)
@@ -147,12 +164,12 @@ def write_outputs(figures, fig5, fig3, setting):
     for ax, family, title in zip(axes, ("postln", "deepnet"), ("Post-LN", "DeepNet")):
         for i, depth in enumerate(setting["depths"]):
             series = next(s for f_, d, s in fig5 if f_ == family and d == depth)
-            xs = sorted(u for u in series if u > 0)
+            xs = sorted(series)
             ax.plot(xs, [series[u] for u in xs], color=cmap(i / max(len(setting["depths"]) - 1, 1)),
                     label=f"{depth}L-{depth}L")
         ax.axhline(cap, color="grey", ls=":", lw=1)
         ax.text(0, cap, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
-        ax.set(title=title, xlabel="update")
+        ax.set(title=title, xlabel="update", yscale="log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("||F(x,θ_t) − F(x,θ_0)||")
@@ -166,7 +183,7 @@ def write_outputs(figures, fig5, fig3, setting):
         w = csv.writer(f)
         w.writerow(["run", "metric", "layer", "update", "value"])
         for name, _, _, _ in FIG3_RUNS:
-            for u, v in sorted(fig3[name].get("update_norm", {}).items()):
+            for u, v in sorted(update_norms(fig3[name]).items()):
                 w.writerow([name, "update_norm", "", u, v])
             for metric, (prefix, suffix) in (("lnin_dec_ffn", ("lnin_dec", "_ffn")), ("gnorm_dec_ffn", ("gnorm_dec", "_ffn")),
                                              ("lnin_enc_ffn", ("lnin_enc", "_ffn")), ("gnorm_enc_ffn", ("gnorm_enc", "_ffn"))):
@@ -175,8 +192,8 @@ def write_outputs(figures, fig5, fig3, setting):
     written.append(figures / "fig3_18L.csv")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for name, _, _, label in FIG3_RUNS:
-        series = fig3[name].get("update_norm", {})
-        xs = sorted(u for u in series if u > 0)
+        series = update_norms(fig3[name])
+        xs = sorted(series)
         axes[0].plot(xs, [series[u] for u in xs], label=label)
         layers = range(1, d3 + 1)
         axes[1].plot(layers, by_layer(fig3[name], "lnin_dec", "_ffn", d3, last), marker="o", ms=3, label=label)
