@@ -86,8 +86,11 @@ def graph_stats():
 def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print, device="cpu"):
     import torch._dynamo
 
+    from torch._dynamo.utils import counters
+
     shape, batch = SHAPES[shape_name]
     torch._dynamo.reset()
+    counters.clear()  # graph counts per shape (before 05:20 UTC 2026-11-30 they accumulated over shapes)
     torch.manual_seed(1)
     eager = Bench(ARCH, shape, batch, extra_args=extra_args, label="eager", device=device)
     compiled = Bench(ARCH, shape, batch, extra_args=[*extra_args, "--compile-layers"], label="compile_layers",

@@ -19,7 +19,9 @@ Stages (STAGES, space-separated, in this order):
   scaler    benchmarks/fp16_scaler_check.sh (fp16_scaler.log)                    ~1-2 min
   compile   python -m benchmarks.compile_speed --device cuda --shapes gpu --extra-args --fp16:
             deepnet_transformer eager vs --compile-layers, 18L-18L IWSLT size at 4,096 target
-            tokens and 100L-100L d512 at 8,192 (gpu_compile.json/.log)      not timed on a GPU yet
+            tokens and 100L-100L d512 at 8,192 (gpu_compile.json/.log), then the IWSLT shape with
+            --compile-layers-mode reduce-overhead (CUDA graphs; gpu_compile_cudagraphs.json/.log)
+                                                                             not timed on a GPU yet
 Default STAGES="ab scaler"; the compile check alone: STAGES=compile benchmarks/gpu_check.sh OUT_DIR
 On the project's GPU machine (no network), first: source .device/setup.sh (../shared/device/README.md).
 Environment:
@@ -77,6 +79,10 @@ for stage in $STAGES; do
       else
         run_logged gpu_compile "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes gpu --extra-args "--fp16" \
           --rounds "$ROUNDS" --steps "$STEPS" --out "$OUT_DIR/gpu_compile.json"
+        # CUDA graphs on top (one replay per layer instead of its kernel launches), IWSLT shape only
+        run_logged gpu_compile_cudagraphs "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes 18L-18L-iwslt-4096 \
+          --extra-args "--fp16 --compile-layers-mode reduce-overhead" --rounds "$ROUNDS" --steps "$STEPS" \
+          --out "$OUT_DIR/gpu_compile_cudagraphs.json"
       fi ;;
     *) echo "gpu_check.sh: unknown stage '$stage' (ab, scaler, compile)" >&2; exit 2 ;;
   esac

@@ -12,6 +12,8 @@ benchmarks/results/. STEPs (default: all, in this order):
   profile      torch.profiler op counts/time per step at 6L-6L d128, incl. a fused-add variant
   depth        deepnet depth scaling 6..500 layers per stack, checkpointing off/on, CSV + plot
   inference    beam-search sentences/s, trained 12L-12L deepnet vs transformer checkpoints
+  compile      --compile-layers vs eager: step time, aten ops/step (18L-18L d64 and IWSLT size), and
+               fairseq-train with and without the flag for every architecture (60 updates each)
 A step whose results/<step>.done exists is skipped; FORCE=1 reruns it.
 Environment: PYTHON (default .venv/bin/python), FORCE=1.
 USAGE
@@ -26,7 +28,7 @@ OUT=benchmarks/results
 mkdir -p "$OUT"
 
 steps=("$@")
-[ "${#steps[@]}" -gt 0 ] || steps=(throughput profile depth inference)
+[ "${#steps[@]}" -gt 0 ] || steps=(throughput profile depth inference compile)
 
 run_step() {  # run_step NAME CMD...: log to $OUT/NAME.log, mark done only on success
   local name=$1; shift
@@ -49,6 +51,9 @@ for step in "${steps[@]}"; do
                # same checkpoints (training is skipped), plus the one-kernel residual candidate
                run_step inference_fused "$PYTHON" -m benchmarks.inference --layers 12 --max-update 40 --rounds 3 \
                  --modes fixed --fused --out "$OUT/inference_fused_cpu.json" ;;
-    *) echo "run.sh: unknown step '$step' (throughput, profile, depth, inference; see --help)" >&2; exit 2 ;;
+    compile) run_step compile_layers_cpu "$PYTHON" -m benchmarks.compile_speed --shapes cpu --rounds 7 --steps 2 \
+               --out "$OUT/compile_layers_cpu.json"
+             run_step compile_archs "$PYTHON" -m benchmarks.compile_archs --out "$OUT/compile_archs.json" ;;
+    *) echo "run.sh: unknown step '$step' (throughput, profile, depth, inference, compile; see --help)" >&2; exit 2 ;;
   esac
 done

@@ -7,6 +7,7 @@ backend (traces the graphs, generates no code); inductor's generated code is che
 relies on.
 """
 
+import os
 import warnings
 from argparse import Namespace
 
@@ -28,6 +29,11 @@ SHAPE = ["--encoder-embed-dim", D, "--decoder-embed-dim", D, "--encoder-ffn-embe
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 TRANSLATION_ARCHS = sorted(name for name, cls in models.MODEL_REGISTRY.items()
                            if isinstance(cls, type) and issubclass(cls, LayerClassTransformerModel))
+# Tracing every architecture costs ~10 s each: the suite traces DeepNet, Admin (its per-sublayer
+# iterator and profiling pass) and DLCL (its own layer loop); DEEPNET_COMPILE_ALL_ARCHS=1 traces all.
+# benchmarks/compile_archs.py trains every architecture through fairseq-train with inductor.
+TRACED_ARCHS = TRANSLATION_ARCHS if os.environ.get("DEEPNET_COMPILE_ALL_ARCHS") == "1" else \
+    [a for a in ("deepnet_transformer", "admin_transformer", "dlcl_transformer") if a in TRANSLATION_ARCHS]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +127,7 @@ def test_flag_reaches_every_architecture_and_keeps_state_dict_keys(dict_dir):
         plain.load_state_dict(compiled.state_dict())
 
 
-@pytest.mark.parametrize("arch", TRANSLATION_ARCHS)
+@pytest.mark.parametrize("arch", TRACED_ARCHS)
 def test_one_graph_per_stack_and_eager_equal_gradients(dict_dir, arch, backend, dynamo_counters):
     eager = build(dict_dir, arch)
     compiled = build(dict_dir, arch, "--compile-layers")
@@ -159,7 +165,7 @@ def test_lm_and_masked_lm_compile_with_equal_loss(dict_dir, task, arch, backend,
 
 
 def test_hooks_eval_and_incremental_decoding_run_eagerly(dict_dir, backend, dynamo_counters):
-    model = build(dict_dir, "deepnet_transformer", "--compile-layers")
+    model = build(dict_dir, "deepnet_transformer", "--compile-layers", layers=2)
     src, lengths, prev = batch()
     # a hook on a LayerNorm (the diagnostic criterion's monitor) must fire: the layer runs eagerly
     seen = []
@@ -192,8 +198,8 @@ def test_unavailable_compile_falls_back_with_one_warning(dict_dir, monkeypatch):
 
 
 def test_checkpoint_activations_with_compile_equals_eager(dict_dir, backend, dynamo_counters):
-    eager = build(dict_dir, "deepnet_transformer", "--checkpoint-activations")
-    compiled = build(dict_dir, "deepnet_transformer", "--checkpoint-activations", "--compile-layers")
+    eager = build(dict_dir, "deepnet_transformer", "--checkpoint-activations", layers=1)
+    compiled = build(dict_dir, "deepnet_transformer", "--checkpoint-activations", "--compile-layers", layers=1)
     compiled.load_state_dict(eager.state_dict())
     src, lengths, prev = batch()
     loss_e, grads_e = loss_and_grads(eager, src, lengths, prev)
@@ -206,32 +212,28 @@ def test_checkpoint_activations_with_compile_equals_eager(dict_dir, backend, dyn
 
 
 def test_inductor_training_steps_match_eager(tmp_path, dynamo_counters):
-    """Real fairseq Trainer steps with inductor-generated code (1L-1L, fp32, dropout off, large lr):
-    same losses and same parameters after 3 updates, with and without activation checkpointing."""
+    """Real fairseq Trainer steps with inductor-generated code (1L-1L, fp32, dropout off): the same
+    losses and the same parameters after 3 Adam updates. (Activation checkpointing with compiled
+    layers: checked above with the tracing backend, and its inductor dropout masks below.)"""
     from benchmarks.common import Batch, Bench, Shape
 
     shape, data = Shape(1, 1, 16, 32, 2), Batch(3, 6, 5, 60)
-    extra = [*map(str, NO_DROPOUT), "--lr", "1e-2", "--warmup-updates", "1"]
+    extra = [*map(str, NO_DROPOUT), "--lr", "1e-3", "--warmup-updates", "1"]
     torch.manual_seed(3)
-    runs = {"eager": Bench("deepnet_transformer", shape, data, extra_args=extra, workdir=tmp_path / "a")}
-    runs["compiled"] = Bench("deepnet_transformer", shape, data, extra_args=[*extra, "--compile-layers"],
-                             workdir=tmp_path / "b")
-    runs["compiled+ckpt"] = Bench("deepnet_transformer", shape, data, workdir=tmp_path / "c",
-                                  extra_args=[*extra, "--compile-layers", "--checkpoint-activations"])
-    for run in runs.values():
-        run.model.load_state_dict(runs["eager"].model.state_dict())
-    losses = {name: [] for name in runs}
+    eager = Bench("deepnet_transformer", shape, data, extra_args=extra, workdir=tmp_path / "a")
+    compiled = Bench("deepnet_transformer", shape, data, extra_args=[*extra, "--compile-layers"], workdir=tmp_path / "b")
+    compiled.model.load_state_dict(eager.model.state_dict())
+    losses = {"eager": [], "compiled": []}
     for _ in range(3):
-        for name, run in runs.items():
+        for name, run in (("eager", eager), ("compiled", compiled)):
             run.step()
             losses[name].append(run.last_loss)
-    assert dynamo_counters["frames"]["ok"] >= 2 and not dynamo_counters["graph_break"]
-    reference = torch.cat([p.detach().flatten() for p in runs["eager"].model.parameters()])
-    for name in ("compiled", "compiled+ckpt"):
-        assert losses[name] == pytest.approx(losses["eager"], rel=1e-4)
-        params = torch.cat([p.detach().flatten() for p in runs[name].model.parameters()])
-        assert ((params - reference).norm() / reference.norm()).item() < 1e-4
+    assert dynamo_counters["frames"]["ok"] == 2 and not dynamo_counters["graph_break"]  # encoder, decoder
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
     assert losses["eager"][2] != losses["eager"][0]  # the parameters did move
+    reference = torch.cat([p.detach().flatten() for p in eager.model.parameters()])
+    params = torch.cat([p.detach().flatten() for p in compiled.model.parameters()])
+    assert ((params - reference).norm() / reference.norm()).item() < 1e-4
 
 
 def test_compiled_dropout_masks_repeat_under_no_grad_and_grad(dict_dir, dynamo_counters):

@@ -103,16 +103,16 @@ def _has_hooks(layer):
 def _prepare(value):
     """A layer input as the compiled graph expects it.
 
-    - Activations (T x B x C) are made contiguous: the first layer of a stack receives the transposed
-      embeddings (strides C, T*C, 1), the others a contiguous tensor; one layout keeps one graph (the
-      copy is one activation per stack and step).
+    - Tensors are made contiguous: the first layer of a stack receives the transposed embeddings
+      (strides C, T*C, 1), the others a contiguous tensor, and the decoder's causal mask is a slice of
+      a cached, larger mask whose stride changes whenever a longer batch regrows it; one layout keeps
+      one graph (the copies are one activation per stack and a T x T mask per step).
     - Time and batch dimensions vary between fairseq batches: they are compiled as symbols from the
       first call (the model width, the last dimension, stays static).
     """
     if not torch.is_tensor(value) or value.dim() < 2:
         return value
-    if value.dim() == 3:
-        value = value.contiguous()
+    value = value.contiguous()
     torch._dynamo.maybe_mark_dynamic(value, 0)
     torch._dynamo.maybe_mark_dynamic(value, 1)
     return value
