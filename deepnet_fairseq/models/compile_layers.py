@@ -162,7 +162,8 @@ def compile_layer(layer, mode="default", backend=None, checkpointed=False):
 
     ``checkpointed``: the layer will be wrapped by activation checkpointing, whose first pass runs
     under ``torch.no_grad()`` and is compiled as well. ``backend``: torch.compile's backend, by
-    default ``BACKEND`` ("inductor"; the tests check tracing with "aot_eager", which generates no code).
+    default ``BACKEND`` ("inductor"; the tests also trace with dynamo's "eager" backend, which generates
+    no code).
     """
     backend = backend or BACKEND
     if getattr(layer, "_compile_layers_eager_forward", None) is not None:
@@ -192,7 +193,7 @@ def is_compiled(layer):
 
 
 def check_compile_args(cfg):
-    """Refuse combinations --compile-layers cannot honour, with one line each."""
+    """Validate the options where they did not come through argparse (a config file): one line."""
     if not getattr(cfg, "compile_layers", False):
         return
     mode = getattr(cfg, "compile_layers_mode", "default") or "default"
