@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-fast clean help
+.PHONY: install demo test test-all clean help
 
 help:
 	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet at equal depth on an embedded task"
-	@echo "make test   - set up, then run the whole test suite"
+	@echo "make test   - set up, then run the test suite (without the tests marked slow)"
+	@echo "make test-all - the same with the slow tests (a killed multilingual run resumed exactly: ~12 min more)"
 	@echo "make install - set up $(VENV) only (idempotent)"
 
 install:
@@ -20,6 +21,9 @@ demo: install
 	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)
 
 test: install
+	$(PY) -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+
+test-all: install
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 clean:

@@ -80,3 +80,8 @@ def deepnet_run(tmp_path_factory, multi30k_bin):
                 "--max-tokens", "1500", "--max-update", "60", "--save-dir", save, "--no-epoch-checkpoints",
                 "--log-format", "json", "--log-interval", "10", "--num-workers", "0"])
     return save, proc.stdout + proc.stderr
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes many minutes on the 2-core machine; `make test` skips it, "
+                                       "`make test-all` runs it")
