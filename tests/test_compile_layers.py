@@ -15,6 +15,7 @@ import pytest
 import torch
 from fairseq import models, options, tasks, utils
 from fairseq.data import Dictionary
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from conftest import USER_DIR
 
@@ -79,9 +80,10 @@ def build(dict_dir, arch, *extra, task="translation", layers=3):
     shape = SHAPE if task == "translation" else SHAPE[2:4] + SHAPE[6:8] if task == "language_modeling" else \
         ["--encoder-embed-dim", D, "--encoder-ffn-embed-dim", 64, "--encoder-attention-heads", 2]
     args = parse(dict_dir, task, arch, *depth, *shape, *NO_DROPOUT, *extra)
+    cfg = convert_namespace_to_omegaconf(args)  # as fairseq-train builds (a DictConfig for dataclass models)
     torch.manual_seed(1)
-    task_obj = tasks.setup_task(args)
-    return task_obj.build_model(args)
+    task_obj = tasks.setup_task(cfg.task)
+    return task_obj.build_model(cfg.model)
 
 
 def stacks(model):

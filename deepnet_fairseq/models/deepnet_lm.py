@@ -70,6 +70,9 @@ class DeepNetLanguageModel(TransformerLanguageModel):
         if safe_getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = safe_getattr(args, "tokens_per_sample", 1024)
         cfg = DecoderOnlyDeepNetConfig.from_namespace(args)
+        # fairseq-train hands a DictConfig here, whose fields outside DeepNetConfig from_namespace drops
+        cfg.compile_layers = bool(safe_getattr(args, "compile_layers", False))
+        cfg.compile_layers_mode = str(safe_getattr(args, "compile_layers_mode", None) or "default")
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(DeepNetDecoder(cfg, task.target_dictionary, embed_tokens, no_encoder_attn=True))
 
