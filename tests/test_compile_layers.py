@@ -80,10 +80,12 @@ def build(dict_dir, arch, *extra, task="translation", layers=3):
     shape = SHAPE if task == "translation" else SHAPE[2:4] + SHAPE[6:8] if task == "language_modeling" else \
         ["--encoder-embed-dim", D, "--encoder-ffn-embed-dim", 64, "--encoder-attention-heads", 2]
     args = parse(dict_dir, task, arch, *depth, *shape, *NO_DROPOUT, *extra)
-    cfg = convert_namespace_to_omegaconf(args)  # as fairseq-train builds (a DictConfig for dataclass models)
     torch.manual_seed(1)
-    task_obj = tasks.setup_task(cfg.task)
-    return task_obj.build_model(cfg.model)
+    if task == "language_modeling":
+        # a dataclass model: fairseq-train hands it a DictConfig (slow to make: only where it differs)
+        cfg = convert_namespace_to_omegaconf(args)
+        return tasks.setup_task(cfg.task).build_model(cfg.model)
+    return tasks.setup_task(args).build_model(args)  # legacy models get the argparse Namespace
 
 
 def stacks(model):
