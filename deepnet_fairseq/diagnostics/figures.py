@@ -31,8 +31,10 @@ from pathlib import Path
 
 if __package__:
     from . import sweep
+    from .plots import save_figure
 else:  # run as a file by scripts/figures.sh
     import sweep
+    from plots import save_figure
 
 PAPER_SCHEDULE = dict(lr=5e-4, warmup=4000)  # IWSLT-14 (fairseq's recipe; DeepNet Section 5)
 FULL = dict(depths=(6, 18, 50, 100), updates=200, probe_every=5, fig3_depth=18, pairs=3000)
@@ -176,7 +178,7 @@ def write_outputs(figures, fig5, fig3, setting):
     fig.suptitle("Model update in the early stage of training, 64-128-2 models, lr 5e-4 with 4k warm-up "
                  "(DeepNet Fig. 5)", fontsize=10)
     fig.tight_layout()
-    written.append(save(fig, figures / "fig5_update_norm.png"))
+    written.append(save_figure(fig, figures / "fig5_update_norm.png"))
 
     d3, last = setting["fig3_depth"], setting["updates"]
     with open(figures / "fig3_18L.csv", "w", newline="") as f:
@@ -206,7 +208,7 @@ def write_outputs(figures, fig5, fig3, setting):
         ax.legend(fontsize=8)
     fig.suptitle(f"{d3}L-{d3}L, 64-128-2, early training (DeepNet Fig. 3)", fontsize=10)
     fig.tight_layout()
-    written.append(save(fig, figures / "fig3_18L.png"))
+    written.append(save_figure(fig, figures / "fig3_18L.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, stack, title in zip(axes, ("enc", "dec"), ("encoder", "decoder")):
@@ -218,18 +220,9 @@ def write_outputs(figures, fig5, fig3, setting):
     axes[0].set_ylabel("gradient norm")
     fig.suptitle(f"{d3}L-{d3}L, 64-128-2 (Pre-LN paper Fig. 3)", fontsize=10)
     fig.tight_layout()
-    written.append(save(fig, figures / "preln_fig3_grad_norm_init.png"))
+    written.append(save_figure(fig, figures / "preln_fig3_grad_norm_init.png"))
     return written
 
-
-def save(fig, path):
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
 
 
 if __name__ == "__main__":

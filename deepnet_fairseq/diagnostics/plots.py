@@ -75,7 +75,7 @@ def plot_all(runs_csv, curves_csv, out_dir, warmup):
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("||F(x,θ_t) − F(x,θ_0)||")
     fig.tight_layout()
-    written.append(_save(fig, out_dir / "update_norm.png"))
+    written.append(save_figure(fig, out_dir / "update_norm.png"))
 
     # (2) gradient norm by layer, at init and after warm-up, deepest depth
     deepest = depths[-1]
@@ -103,7 +103,7 @@ def plot_all(runs_csv, curves_csv, out_dir, warmup):
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{deepest}L-{deepest}L, mean over seeds", fontsize=10)
     fig.tight_layout()
-    written.append(_save(fig, out_dir / "grad_norm_by_layer.png"))
+    written.append(save_figure(fig, out_dir / "grad_norm_by_layer.png"))
 
     # (3) final loss (or BLEU) vs depth; diverged runs marked, not dropped
     use_bleu = any(_float(r.get("bleu")) == _float(r.get("bleu")) for r in runs)
@@ -125,11 +125,12 @@ def plot_all(runs_csv, curves_csv, out_dir, warmup):
     ax.set_ylabel("test BLEU" if use_bleu else "final train loss (mean of last 10 updates, base 2)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    written.append(_save(fig, out_dir / "loss_vs_depth.png"))
+    written.append(save_figure(fig, out_dir / "loss_vs_depth.png"))
     return written
 
 
-def _save(fig, path):
+def save_figure(fig, path):
+    """Write ``fig`` to ``path`` atomically (temporary name, then rename) and close it."""
     import matplotlib.pyplot as plt
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=110)
