@@ -44,7 +44,7 @@ def records(tmp):
 
 IWSLT_DATA = ["data.layout=plain", "data.test=[test2016]", "prep.max_train_lines=10000", "prep.bpe_merges=3000"]
 IWSLT_TRAIN = TINY + ["train.max_update=300", "train.warmup_updates=100", "train.lr=5e-3", "train.max_tokens=2048",
-                      "train.batch_tokens=2048", "train.save_interval_updates=100", "train.validate_interval_updates=300",
+                      "train.batch_tokens=2048", "train.save_interval_updates=50", "train.validate_interval_updates=300",
                       "eval.average_last=3"]
 
 
@@ -77,7 +77,7 @@ def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     assert "tok:none" in scores["signature"] and "nrefs:1" in scores["signature"]
     assert scores["bleu"] > scores["copy_source_bleu"], scores
     assert not any("@@" in h for h in hyps)
-    assert [name.rsplit("_", 1)[1] for name in scores["averaged"]] == ["100.pt", "200.pt", "300.pt"]
+    assert [name.rsplit("_", 1)[1] for name in scores["averaged"]] == ["200.pt", "250.pt", "300.pt"]
     assert f"BLEU {scores['bleu']}" in iwslt["eval_stdout"]
 
 
