@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .diagnostics.sweep import diverged_reason, parse_log
 from .synthetic import write_reverse_map_task
 
 ARCHS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}
@@ -28,7 +28,6 @@ BIN = Path(sys.executable).parent
 USER_DIR = Path(__file__).resolve().parent
 SHAPE = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
          "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-LOG_LINE = re.compile(r"\| (train_inner|valid) \| (\{.*\})\s*$")
 TASK_VOCAB, TASK_LENGTHS = 16, (3, 10)
 
 
@@ -120,21 +119,13 @@ def train(args, data, arch, run_dir):
     if rc != 0 and "DivergenceError" not in text:
         raise SystemExit(f"demo: fairseq-train failed for {arch}, see {run_dir / 'train.log'}")
     (run_dir / ".done").touch()
-    return read_log(text)
+    return read_log(text, rc)
 
 
-def read_log(text):
-    inner, valid = [], None
-    for line in text.splitlines():
-        m = LOG_LINE.search(line)
-        if m:
-            record = json.loads(m.group(2))
-            if m.group(1) == "train_inner":
-                inner.append(record)
-            else:
-                valid = record
-    m = re.search(r"DivergenceError: (.*)", text)
-    return inner, valid, m.group(1).strip() if m else ""
+def read_log(text, rc=0):
+    """(per-update records, held-out record, divergence reason) from a fairseq-train JSON log."""
+    inner, valid = parse_log(text)
+    return inner, valid, diverged_reason(text, inner, rc)
 
 
 def series(records, key, shift=0):
