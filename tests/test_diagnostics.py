@@ -13,7 +13,7 @@ from conftest import BIN, TINY_MODEL, USER_DIR, run
 POST_LN, PRE_LN, DEEPNET = "transformer_iwslt_de_en", "preln_transformer_iwslt_de_en", "deepnet_transformer_iwslt_de_en"
 
 
-def build(data, arch, depth, *extra):
+def build(data, arch, depth, *extra, with_cfg=False):
     """fairseq's own build path (as fairseq-train): task, model, diagnostic criterion, first batches."""
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -30,7 +30,8 @@ def build(data, arch, depth, *extra):
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     batches = task.get_batch_iterator(task.dataset("train"), max_tokens=800, seed=1).next_epoch_itr(shuffle=False)
-    return model, criterion, [next(batches) for _ in range(3)]
+    samples = [next(batches) for _ in range(3)]
+    return (model, criterion, samples, cfg) if with_cfg else (model, criterion, samples)
 
 
 def grads_at_init(data, arch, depth):
@@ -136,6 +137,42 @@ def test_fp16_master_copy_and_step_scale_are_undone():
     FlatOptimizer([flat]).step(scale=8.0)
     monitor.remove()
     assert seen["total"] == pytest.approx(torch.cat([g.reshape(-1) for g in grads]).norm().item(), rel=1e-5)
+
+
+def test_fp16_divergence_guard_names_where_the_gradient_overflow_starts(multi30k_bin, caplog):
+    """fairseq's FP16Optimizer and loss scaler on a half-precision model (CPU): an overflowing step is
+    skipped before any optimizer step, so the guard reads it from the scaler; at the minimum scale it stops."""
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+    from deepnet_fairseq.diagnostics.monitors import DivergenceError
+
+    torch.set_num_threads(1)
+    model, criterion, samples, cfg = build(multi30k_bin, POST_LN, 2, "--divergence-guard", "--fp16",
+                                           "--fp16-init-scale", str(2 ** 24), "--min-loss-scale", str(2 ** 22),
+                                           "--fp16-no-flatten-grads", "--optimizer", "adam", "--lr", "1e-3",
+                                           with_cfg=True)  # (the flat fp32 copy is built on a CUDA device)
+    model, criterion = model.half(), criterion.half()
+    model.train()
+    optimizer = FP16Optimizer.build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+
+    def overflowing_step():  # fairseq's trainer: backward, then clip_grad_norm checks the scaler
+        optimizer.zero_grad()
+        loss, _, _ = criterion(model, samples[0])
+        optimizer.backward(loss)  # loss x 2**24: the output layer's gradient exceeds fp16's 65504
+        optimizer.clip_grad_norm(0.0)
+
+    with caplog.at_level("INFO"), pytest.raises(OverflowError):  # the trainer skips this step
+        overflowing_step()
+    messages = [r.getMessage() for r in caplog.records if "divergence guard" in r.getMessage()]
+    assert len(messages) == 1 and re.fullmatch(
+        r"divergence guard: update 1: fp16 gradient overflow, non-finite gradient in \d+ of 10 sublayers, "
+        r"starting at sublayer dec1_ffn; step skipped, loss scale now 8\.38861e\+06", messages[0]), messages
+    # the top sublayer is where the backward pass meets the overflow first
+    assert optimizer.scaler.loss_scale == 2 ** 23
+    with pytest.raises(DivergenceError, match=r"^training diverged at update 1: the fp16 gradient still overflows "
+                       r"at the minimum loss scale \(--min-loss-scale 4\.1943e\+06\), non-finite gradient in \d+ "
+                       r"of 10 sublayers, starting at sublayer dec1_ffn\. The last saved checkpoint is untouched\.$"):
+        overflowing_step()  # 2**23 / 2 reaches --min-loss-scale: fairseq would raise FloatingPointError
 
 
 def test_skip_batch_drops_a_bad_microbatch(multi30k_bin):

@@ -8,7 +8,9 @@ subclasses it) plus training-stability diagnostics, each off by default and free
   --diag-ln-inputs              lnin_<sublayer>: mean norm of each sublayer LayerNorm's input (DeepNet, Fig. 3)
   --divergence-guard            stop on a non-finite loss or gradient, or one beyond the bounds below,
   --divergence-loss-bound B     naming the update and the sublayer where it started; fairseq's saved
-  --divergence-grad-bound B     checkpoints are left as they were (the last good one stays loadable)
+  --divergence-grad-bound B     checkpoints are left as they were (the last good one stays loadable).
+                                In fp16 it names where each skipped (overflowing) step's gradient
+                                overflow starts, and stops when the loss scale reaches its minimum
   --divergence-skip-batch       drop a bad micro-batch's loss instead of stopping (loss checks)
 
 Everything goes through fairseq's metrics (progress bar, JSON log, tensorboard). Values that come
@@ -34,6 +36,7 @@ from ..diagnostics.monitors import (
     GradNormMonitor,
     LayerNormInputMonitor,
     UpdateNormProbe,
+    describe_nonfinite,
     locate_divergence,
 )
 
@@ -113,7 +116,8 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
     def _attach(self, model):
         """Hooks are attached at the first training forward (the criterion is built before the model)."""
         self._attached = True
-        self._grad_monitor = GradNormMonitor(model, self._on_grads) if self.diag_grad_norms or self.guard else None
+        self._grad_monitor = (GradNormMonitor(model, self._on_grads, self._on_overflow if self.guard else None)
+                              if self.diag_grad_norms or self.guard else None)
         self._ln_monitor = LayerNormInputMonitor(model) if self.diag_ln_inputs else None
 
     def forward(self, model, sample, reduce=True):
@@ -169,16 +173,27 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             metrics.log_scalar(GRAD_PREFIX + "total", total, priority=1000, round=8)  # = fairseq's gnorm (no clip)
         if not self.guard:
             return
-        nonfinite = [n for n, v in norms.items() if not math.isfinite(v)]
-        if nonfinite:
-            raise DivergenceError(f"training diverged at update {update}: non-finite gradient, "
-                                  f"first in sublayer {nonfinite[0]}. The last saved checkpoint is untouched.")
+        if not all(math.isfinite(v) for v in norms.values()):
+            raise DivergenceError(f"training diverged at update {update}: {describe_nonfinite(norms)}. "
+                                  "The last saved checkpoint is untouched.")
         if self.grad_bound and total > self.grad_bound:
             top = max(norms, key=norms.get) if norms else "(none)"
             raise DivergenceError(
                 f"training diverged at update {update}: gradient norm {total:.4g} > --divergence-grad-bound "
                 f"{self.grad_bound:g}; largest in sublayer {top} ({norms.get(top, float('nan')):.4g}). "
                 "The last saved checkpoint is untouched.")
+
+    def _on_overflow(self, norms, fatal, scaler):
+        """fp16: fairseq's loss scaler skips this step (``fatal``: and is about to stop training)."""
+        update = _current_update() + 1
+        if not fatal:
+            logger.info(f"divergence guard: update {update}: fp16 gradient overflow, {describe_nonfinite(norms)}; "
+                        f"step skipped, loss scale now {scaler.loss_scale:g}")
+            return
+        raise DivergenceError(
+            f"training diverged at update {update}: the fp16 gradient still overflows at the minimum loss scale "
+            f"(--min-loss-scale {scaler.min_loss_scale:g}), {describe_nonfinite(norms)}. "
+            "The last saved checkpoint is untouched.")
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:

@@ -5,13 +5,16 @@
   by the sample size, so every worker sees the same gradient the optimizer applies. fp16 optimizers
   either unscale before the step or pass ``scale=`` to it; both are undone here, and fp16's fp32
   master copies (flat or not) are mapped back to the model's parameters by order.
-  ``--clip-norm`` has already been applied: with clipping on, these are clipped norms.
+  ``--clip-norm`` has already been applied: with clipping on, these are clipped norms. With
+  ``on_overflow``, an fp16 step that fairseq's loss scaler skips for a non-finite gradient (no optimizer
+  step runs then) is reported too, read from the model's gradients before fairseq zeroes them.
 - ``LayerNormInputMonitor``: forward pre-hooks on each sublayer's LayerNorm record the mean L2 norm
   (over positions) of its input.
 - ``UpdateNormProbe``: ``||F(x, theta_t) - F(x, theta_0)||`` on a fixed probe batch, F = the top
   decoder layer's output (``features_only``), eval mode; only F(x, theta_0) is kept.
 """
 
+import functools
 import math
 import weakref
 
@@ -32,24 +35,63 @@ def _mean_token_norm(x, mask=None):
     return norms.mean()
 
 
+def describe_nonfinite(norms):
+    """Where a non-finite gradient starts: the non-finite sublayer nearest the output (``norms`` in
+    execution order), since the backward pass carries an overflow down to every sublayer below it."""
+    bad = [name for name, value in norms.items() if not math.isfinite(value)]
+    if not bad:
+        return "no sublayer's gradient is non-finite (the overflow is outside the layers, e.g. the embeddings)"
+    return f"non-finite gradient in {len(bad)} of {len(norms)} sublayers, starting at sublayer {bad[-1]}"
+
+
+_overflow_watchers = weakref.WeakSet()
+
+
+def _watch_loss_scaler():
+    """Wrap fairseq's ``DynamicLossScaler.check_overflow`` once: on an overflow it tells the watching
+    monitors, while the gradients are still there (fairseq's trainer zeroes them right after)."""
+    from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
+
+    check_overflow = DynamicLossScaler.check_overflow
+    if getattr(check_overflow, "deepnet_watched", False):
+        return
+
+    @functools.wraps(check_overflow)
+    def watched(scaler, grad_norm):
+        try:
+            return check_overflow(scaler, grad_norm)
+        except (OverflowError, FloatingPointError) as overflow:
+            for monitor in list(_overflow_watchers):
+                monitor._on_overflow(scaler, overflow)
+            raise
+
+    watched.deepnet_watched = True
+    DynamicLossScaler.check_overflow = watched
+
+
 class GradNormMonitor:
     """Calls ``on_grads(norms, total)`` with per-sublayer gradient norms before each optimizer step.
 
-    ``norms`` maps sublayer name -> float (non-finite values are kept); ``total`` is the norm over all
-    of the optimizer's parameters. The hook holds only a weak reference to its owner.
+    ``norms`` maps sublayer name -> float in execution order (non-finite values are kept); ``total`` is
+    the norm over all of the optimizer's parameters. ``on_overflow(norms, fatal, scaler)``, if given, is
+    called when fairseq's fp16 loss scaler skips a step for a non-finite gradient (``fatal``: the scale is
+    at ``--min-loss-scale``, fairseq is about to stop); its norms are of the loss-scaled gradients. The
+    hooks hold only weak references to their owner.
     """
 
-    def __init__(self, model, on_grads):
+    def __init__(self, model, on_grads, on_overflow=None):
         model = unwrap(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         owner_of = {}
-        for sub in transformer_sublayers(model):
+        sublayers = transformer_sublayers(model)
+        for sub in sublayers:
             for p in sub.parameters():
                 owner_of.setdefault(id(p), sub.name)
         self.owners = [owner_of.get(id(p)) for p in self.params]
-        self.names = list(dict.fromkeys(n for n in self.owners if n is not None))
+        self.names = [sub.name for sub in sublayers if sub.name in set(self.owners)]
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.on_grads = on_grads
+        self.on_overflow = on_overflow
         self_ref = weakref.ref(self)
 
         def hook(optimizer, args, kwargs):
@@ -58,9 +100,31 @@ class GradNormMonitor:
                 monitor._step_pre_hook(optimizer, kwargs)
 
         self.handle = register_optimizer_step_pre_hook(hook)
+        if on_overflow is not None:
+            _watch_loss_scaler()
+            _overflow_watchers.add(self)
 
     def remove(self):
         self.handle.remove()
+        _overflow_watchers.discard(self)
+
+    def _norms(self, pairs, scale=1.0):
+        """(per-sublayer norms, total norm) of (parameter index, gradient) pairs, divided by ``scale``."""
+        squares = dict.fromkeys(self.names, 0.0)
+        total = 0.0
+        grads = [(i, g) for i, g in pairs if g is not None]
+        norms = torch.stack([g.detach().float().norm() for _, g in grads]).tolist() if grads else []
+        for (i, _), norm in zip(grads, norms):
+            sq = (norm / scale) ** 2
+            total += sq
+            if self.owners[i] is not None:
+                squares[self.owners[i]] += sq
+        return {n: math.sqrt(s) for n, s in squares.items()}, math.sqrt(total)
+
+    def _on_overflow(self, scaler, overflow):
+        pairs = [(i, p.grad) for i, p in enumerate(self.params) if p.grad is not None]
+        if pairs:  # else the scaler belongs to another model's optimizer
+            self.on_overflow(self._norms(pairs)[0], isinstance(overflow, FloatingPointError), scaler)
 
     def _model_grads(self, optimizer):
         """(model parameter index, gradient) pairs, or None if this optimizer is not the model's."""
@@ -83,16 +147,7 @@ class GradNormMonitor:
         if pairs is None:
             return
         scale = kwargs.get("scale", 1.0) or 1.0  # fused fp16 steps receive 1/multiply_factor as scale
-        squares = dict.fromkeys(self.names, 0.0)
-        total = 0.0
-        grads = [(i, g) for i, g in pairs if g is not None]
-        norms = torch.stack([g.detach().float().norm() for _, g in grads]).tolist() if grads else []
-        for (i, _), norm in zip(grads, norms):
-            sq = (norm / scale) ** 2
-            total += sq
-            if self.owners[i] is not None:
-                squares[self.owners[i]] += sq
-        self.on_grads({n: math.sqrt(s) for n, s in squares.items()}, math.sqrt(total))
+        self.on_grads(*self._norms(pairs, scale))
 
 
 class LayerNormInputMonitor:
