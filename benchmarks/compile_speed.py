@@ -4,6 +4,8 @@ the compilation cost, aten ops dispatched per step, and where the step's CPU tim
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.compile_speed --shapes cpu \\
         --out benchmarks/results/compile_layers_cpu.json
 
+``--against adam_foreach`` measures ``--optimizer adam_foreach`` against fairseq's ``adam`` the same way.
+
 Two ``deepnet_transformer`` models with identical weights (the compiled one loads the eager one's
 state dict) take real fairseq training steps (forward, backward, Adam) on the same fixed synthetic
 batch. The first compiled steps compile (timed separately); then both are timed interleaved step by
@@ -39,6 +41,11 @@ SHAPES = {
 SHAPE_SETS = {"cpu": ["18L-18L-d64", "18L-18L-iwslt"], "tiny": ["tiny"], "d64": ["18L-18L-d64"],
               "gpu": ["18L-18L-iwslt-4096", "100L-100L-d512"]}
 ARCH = "deepnet_transformer"
+# what the second model of a comparison adds: (its label, fairseq options), against the first model's label
+AGAINST = {"compile_layers": ("eager", ["--compile-layers"]),
+           "adam_foreach": ("adam", ["--optimizer", "adam_foreach"]),
+           # GPU: fp16 without fairseq's fp32 master copy (no per-parameter copies), stepped with foreach ops
+           "adam_foreach_mefp16": ("adam", ["--optimizer", "adam_foreach", "--memory-efficient-fp16"])}
 
 
 def load():
@@ -83,7 +90,7 @@ def graph_stats():
             "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
-def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print, device="cpu"):
+def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print, device="cpu", against="compile_layers"):
     import torch._dynamo
 
     from torch._dynamo.utils import counters
@@ -92,28 +99,28 @@ def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print, device=
     torch._dynamo.reset()
     counters.clear()  # graph counts per shape (before 05:20 UTC 2026-11-30 they accumulated over shapes)
     torch.manual_seed(1)
-    eager = Bench(ARCH, shape, batch, extra_args=extra_args, label="eager", device=device)
-    compiled = Bench(ARCH, shape, batch, extra_args=[*extra_args, "--compile-layers"], label="compile_layers",
-                     device=device)
-    compiled.model.load_state_dict(eager.model.state_dict())
-    layers = len(compiled.model.encoder.layers) + len(compiled.model.decoder.layers)
+    base, options = AGAINST[against]
+    bench_a = Bench(ARCH, shape, batch, extra_args=extra_args, label=base, device=device)
+    bench_b = Bench(ARCH, shape, batch, extra_args=[*extra_args, *options], label=against, device=device)
+    bench_b.model.load_state_dict(bench_a.model.state_dict())
+    layers = len(bench_b.model.encoder.layers) + len(bench_b.model.decoder.layers)
     first = {}
-    for bench in (eager, compiled):
+    for bench in (bench_a, bench_b):
         start, cpu = time.perf_counter(), time.thread_time()
         bench.step()
         first[bench.label] = {"wall_s": time.perf_counter() - start, "cpu_s": time.thread_time() - cpu,
                               "loss": bench.last_loss}
         for _ in range(warmup):
             bench.step()
-    log(f"  first step: eager {first['eager']['wall_s']:.2f} s, compile_layers {first['compile_layers']['wall_s']:.1f} s "
-        f"(compilation), losses {first['eager']['loss']:.4f} / {first['compile_layers']['loss']:.4f}")
+    log(f"  first step: {base} {first[base]['wall_s']:.2f} s, {against} {first[against]['wall_s']:.1f} s "
+        f"(compilation, if any), losses {first[base]['loss']:.4f} / {first[against]['loss']:.4f}")
     stats = graph_stats()
     log(f"  compiled graphs: {stats['unique_graphs']} for {layers} layers, graph breaks: {stats['graph_breaks']}")
-    seconds = {clock: {"eager": [], "compile_layers": []} for clock in ("wall", "cpu")}
+    seconds = {clock: {base: [], against: []} for clock in ("wall", "cpu")}
     loads = []
     for r in range(rounds):
-        order = (eager, compiled) if r % 2 == 0 else (compiled, eager)
-        totals = {clock: {"eager": 0.0, "compile_layers": 0.0} for clock in seconds}
+        order = (bench_a, bench_b) if r % 2 == 0 else (bench_b, bench_a)
+        totals = {clock: {base: 0.0, against: 0.0} for clock in seconds}
         loads.append(load())
         for _ in range(steps):
             for bench in order:
@@ -122,53 +129,54 @@ def compare(shape_name, rounds, steps, warmup, extra_args=(), log=print, device=
         for clock in seconds:
             for label, total in totals[clock].items():
                 seconds[clock][label].append(total / steps)
-        log(f"  round {r + 1}/{rounds} (load {loads[-1]:.2f}): eager {seconds['wall']['eager'][-1]:.3f} s "
-            f"({seconds['cpu']['eager'][-1]:.3f} CPU s), compile_layers {seconds['wall']['compile_layers'][-1]:.3f} s "
-            f"({seconds['cpu']['compile_layers'][-1]:.3f} CPU s)")
-    profiles = {bench.label: op_profile(bench, device=device) for bench in (eager, compiled)}
+        log(f"  round {r + 1}/{rounds} (load {loads[-1]:.2f}): "
+            + ", ".join(f"{label} {seconds['wall'][label][-1]:.3f} s ({seconds['cpu'][label][-1]:.3f} CPU s)"
+                        for label in (base, against)))
+    profiles = {bench.label: op_profile(bench, device=device) for bench in (bench_a, bench_b)}
     assert graph_stats()["unique_graphs"] == stats["unique_graphs"], "timed steps recompiled"
     out = {
-        "shape": shape.name, "arch": ARCH, "target_tokens_per_step": batch.target_tokens,
+        "shape": shape.name, "arch": ARCH, "labels": [base, against], "target_tokens_per_step": batch.target_tokens,
         "batch": dataclasses.asdict(batch), "layers": layers,
-        "parameters": eager.parameters, "extra_args": list(extra_args),
+        "parameters": bench_a.parameters, "extra_args": list(extra_args),
         "first_step": first, "compiled_graphs": stats, "rounds": rounds, "steps_per_round": steps,
         "load_average_1min": summarize(loads),
-        "last_loss": {"eager": eager.last_loss, "compile_layers": compiled.last_loss},
+        "last_loss": {base: bench_a.last_loss, against: bench_b.last_loss},
     }
     for clock in seconds:
         out[f"s_per_update_{clock}"] = {label: summarize(v) for label, v in seconds[clock].items()}
-        out[f"speedup_{clock}"] = summarize([e / c for e, c in zip(seconds[clock]["eager"], seconds[clock]["compile_layers"])])
+        out[f"speedup_{clock}"] = summarize([e / c for e, c in zip(seconds[clock][base], seconds[clock][against])])
     out["profile"] = profiles
-    out["overflow_skips"] = {"eager": eager.overflow_skips, "compile_layers": compiled.overflow_skips}
+    out["overflow_skips"] = {base: bench_a.overflow_skips, against: bench_b.overflow_skips}
     if device == "cuda":
         from .gpu import peak_tflops, step_flops
 
-        flops = step_flops(eager)  # same math in both; counted eagerly (a dispatch mode would recompile)
+        flops = step_flops(bench_a)  # same math in both; counted eagerly (a dispatch mode would recompile)
         peak = peak_tflops(torch.cuda.get_device_name())
         out["step_flops"], out["peak_tflops"] = flops, peak
-        for label in ("eager", "compile_layers"):
+        for label in (base, against):
             tflops = flops / out["s_per_update_wall"][label]["median"] / 1e12
             out.setdefault("achieved_tflops", {})[label] = tflops
             out.setdefault("share_of_peak", {})[label] = tflops / peak if peak else None
             out.setdefault("target_words_per_s", {})[label] = batch.target_tokens / out["s_per_update_wall"][label]["median"]
-    out["aten_ops_ratio"] = profiles["eager"]["aten_ops_per_step"] / max(1, profiles["compile_layers"]["aten_ops_per_step"])
+    out["aten_ops_ratio"] = profiles[base]["aten_ops_per_step"] / max(1, profiles[against]["aten_ops_per_step"])
     return out
 
 
 def render(result):
     """Markdown rows: one per shape."""
-    lines = ["| shape | tokens/step | eager s/update (wall) | compiled s/update (wall) | speed-up wall median (min-max) "
-             "| speed-up CPU time median (min-max) | aten ops/step eager | aten ops/step compiled | graphs (layers) "
-             "| first compiled step s | load avg |",
+    base, against = next(iter(result["shapes"].values())).get("labels", ["eager", "compile_layers"])
+    lines = [f"| shape | tokens/step | {base} s/update (wall) | {against} s/update (wall) | speed-up wall median (min-max) "
+             f"| speed-up CPU time median (min-max) | aten ops/step {base} | aten ops/step {against} | graphs (layers) "
+             f"| first {against} step s | load avg |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["shapes"].values():
         sw, sc = r["speedup_wall"], r["speedup_cpu"]
         lines.append(
-            f"| {r['shape']} | {r['target_tokens_per_step']} | {r['s_per_update_wall']['eager']['median']:.3f} "
-            f"| {r['s_per_update_wall']['compile_layers']['median']:.3f} | {sw['median']:.2f}x ({sw['min']:.2f}-{sw['max']:.2f}) "
-            f"| {sc['median']:.2f}x ({sc['min']:.2f}-{sc['max']:.2f}) | {r['profile']['eager']['aten_ops_per_step']:,} "
-            f"| {r['profile']['compile_layers']['aten_ops_per_step']:,} | {r['compiled_graphs']['unique_graphs']} ({r['layers']}) "
-            f"| {r['first_step']['compile_layers']['wall_s']:.0f} | {r['load_average_1min']['median']:.1f} |")
+            f"| {r['shape']} | {r['target_tokens_per_step']} | {r['s_per_update_wall'][base]['median']:.3f} "
+            f"| {r['s_per_update_wall'][against]['median']:.3f} | {sw['median']:.2f}x ({sw['min']:.2f}-{sw['max']:.2f}) "
+            f"| {sc['median']:.2f}x ({sc['min']:.2f}-{sc['max']:.2f}) | {r['profile'][base]['aten_ops_per_step']:,} "
+            f"| {r['profile'][against]['aten_ops_per_step']:,} | {r['compiled_graphs']['unique_graphs']} ({r['layers']}) "
+            f"| {r['first_step'][against]['wall_s']:.0f} | {r['load_average_1min']['median']:.1f} |")
     return "\n".join(lines)
 
 
@@ -180,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first (compiling) one")
     parser.add_argument("--extra-args", default="", help="more fairseq-train options for both models")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--against", default="compile_layers", choices=sorted(AGAINST),
+                        help="what the second model adds: --compile-layers, or --optimizer adam_foreach")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     quiet_fairseq()
@@ -192,8 +202,9 @@ def main(argv=None):
     for name in names:
         print(f"## {name}", flush=True)
         result["shapes"][name] = res = compare(name, args.rounds, args.steps, args.warmup, args.extra_args.split(),
-                                               log=lambda s: print(s, flush=True), device=args.device)
-        for label in ("eager", "compile_layers"):
+                                               log=lambda s: print(s, flush=True), device=args.device,
+                                               against=args.against)
+        for label in res["labels"]:
             p = res["profile"][label]
             print(f"  {label}: {p['aten_ops_per_step']} aten ops/step ({p['distinct_aten_ops']} distinct); top self CPU: "
                   + ", ".join(f"{t['op'][:60]} {t['share']:.0%}" for t in p["top_self_cpu"][:6]), flush=True)

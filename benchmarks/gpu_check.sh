@@ -3,8 +3,9 @@
 # transformer training steps (ratio, tokens/s, TFLOP/s vs peak), apex on/off where installed, the
 # largest depth that trains at d512 with --checkpoint-activations, then benchmarks/fp16_scaler_check.sh
 # (fp16 loss scaler recovering at 50L-50L). The `compile` stage (--compile-layers vs eager at the
-# IWSLT shape and at 100L-100L d512, fp16: words/s, GPU kernels per step, TFLOP/s vs peak) is
-# prepared but not in the default stages. Prints everything; writes JSON + logs to OUT_DIR.
+# IWSLT shape and at 100L-100L d512, fp16: words/s, GPU kernels per step, TFLOP/s vs peak) and the
+# `optim` stage (--optimizer adam_foreach) are prepared but not in the default stages. Prints
+# everything; writes JSON + logs to OUT_DIR.
 set -euo pipefail
 
 usage() {
@@ -22,6 +23,9 @@ Stages (STAGES, space-separated, in this order):
             tokens and 100L-100L d512 at 8,192 (gpu_compile.json/.log), then the IWSLT shape with
             --compile-layers-mode reduce-overhead (CUDA graphs; gpu_compile_cudagraphs.json/.log)
                                                                              not timed on a GPU yet
+  optim     python -m benchmarks.compile_speed --device cuda --against adam_foreach_mefp16: fairseq's fp16
+            Adam (fp32 master copy) vs --memory-efficient-fp16 --optimizer adam_foreach, 18L-18L IWSLT
+            size (gpu_optim.json/.log)                                       not timed on a GPU yet
 Default STAGES="ab scaler"; the compile check alone: STAGES=compile benchmarks/gpu_check.sh OUT_DIR
 On the project's GPU machine (no network), first: source .device/setup.sh (../shared/device/README.md).
 Environment:
@@ -84,6 +88,15 @@ for stage in $STAGES; do
           --extra-args "--fp16 --compile-layers-mode reduce-overhead" --rounds "$ROUNDS" --steps "$STEPS" \
           --out "$OUT_DIR/gpu_compile_cudagraphs.json"
       fi ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (ab, scaler, compile)" >&2; exit 2 ;;
+    optim)
+      if [ "${SMOKE:-0}" = 1 ]; then
+        run_logged gpu_optim_smoke "$PYTHON" -m benchmarks.compile_speed --shapes tiny --against adam_foreach \
+          --rounds "$ROUNDS" --steps "$STEPS" --warmup 1 --out "$OUT_DIR/gpu_optim_smoke.json"
+      else
+        run_logged gpu_optim "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes 18L-18L-iwslt-4096 \
+          --against adam_foreach_mefp16 --extra-args "--fp16" --rounds "$ROUNDS" --steps "$STEPS" \
+          --out "$OUT_DIR/gpu_optim.json"
+      fi ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (ab, scaler, compile, optim)" >&2; exit 2 ;;
   esac
 done

@@ -31,4 +31,4 @@ from .checkpoint_safety import allow_fairseq_checkpoints  # noqa: E402
 
 allow_fairseq_checkpoints()
 
-from . import criterions, models, training  # noqa: E402,F401  (registration)
+from . import criterions, models, optim, training  # noqa: E402,F401  (registration)
