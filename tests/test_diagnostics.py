@@ -161,7 +161,7 @@ def test_fp16_divergence_guard_names_where_the_gradient_overflow_starts(multi30k
         optimizer.backward(loss)  # loss x 2**24: the output layer's gradient exceeds fp16's 65504
         optimizer.clip_grad_norm(0.0)
 
-    with caplog.at_level("INFO"), pytest.raises(OverflowError):  # the trainer skips this step
+    with caplog.at_level("INFO", logger="deepnet_fairseq"), pytest.raises(OverflowError):  # the trainer skips it
         overflowing_step()
     messages = [r.getMessage() for r in caplog.records if "divergence guard" in r.getMessage()]
     assert len(messages) == 1 and re.fullmatch(
