@@ -88,7 +88,8 @@ class GradNormMonitor:
             for p in sub.parameters():
                 owner_of.setdefault(id(p), sub.name)
         self.owners = [owner_of.get(id(p)) for p in self.params]
-        self.names = [sub.name for sub in sublayers if sub.name in set(self.owners)]
+        owning = set(self.owners)
+        self.names = [sub.name for sub in sublayers if sub.name in owning]  # execution order
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.on_grads = on_grads
         self.on_overflow = on_overflow
