@@ -201,7 +201,7 @@ def test_hooks_leave_the_loss_unchanged_and_see_the_summed_gradient_with_update_
     _, plain = train_log(multi30k_bin, tmp_path / "plain", "--criterion", "label_smoothed_cross_entropy", *common)
     _, diag = train_log(multi30k_bin, tmp_path / "diag", "--criterion", "diagnostic_label_smoothed_cross_entropy",
                         "--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1",
-                        "--divergence-guard", *common)
+                        "--diag-source-dependence-interval", "1", "--divergence-guard", *common)
     assert len(plain) == len(diag) == 3
     for a, b in zip(plain, diag):
         assert (a["loss"], a["nll_loss"], a["gnorm"]) == (b["loss"], b["nll_loss"], b["gnorm"])
@@ -211,6 +211,41 @@ def test_hooks_leave_the_loss_unchanged_and_see_the_summed_gradient_with_update_
         assert len(sublayers) == 2 * 2 + 2 * 3
         assert math.sqrt(sum(v * v for v in sublayers)) < float(b["gnorm_total"])
     assert float(diag[0]["update_norm"]) == 0.0 and float(diag[2]["update_norm"]) > 0.0
+    assert all("src_dep" in r and {f"xattn_{i}" for i in range(2)} <= set(r) for r in diag)
+
+
+def test_source_dependence_is_the_nll_gain_of_the_true_sources_and_zero_without_cross_attention(multi30k_bin):
+    from deepnet_fairseq.diagnostics.monitors import source_dependence
+
+    torch.set_num_threads(1)
+    model, _, samples = build(multi30k_bin, DEEPNET, 3)
+    sample = samples[0]
+    target = sample["target"]
+    mask = target.ne(model.decoder.dictionary.pad())
+
+    def nll(src_tokens, src_lengths):
+        net_output = model(src_tokens, src_lengths, sample["net_input"]["prev_output_tokens"])
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        return -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)[mask].mean().item() / math.log(2)
+
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    model.eval()
+    with torch.no_grad():
+        expected = nll(src.roll(1, 0), lengths.roll(1, 0)) - nll(src, lengths)
+    model.train()
+    src_dep, cross_ratio = source_dependence(model, sample)
+    assert src_dep == pytest.approx(expected, abs=1e-5) and abs(src_dep) > 1e-4
+    assert model.training  # the probe restores the training mode
+    assert sorted(cross_ratio) == [0, 1, 2] and all(0 < r < 10 for r in cross_ratio.values())
+
+    with torch.no_grad():  # a decoder that cannot see its source: no gain, no cross-attention output
+        for layer in model.decoder.layers:
+            layer.encoder_attn.out_proj.weight.zero_()
+            layer.encoder_attn.out_proj.bias.zero_()
+    src_dep, cross_ratio = source_dependence(model, sample)
+    assert abs(src_dep) < 1e-5 and all(r == 0 for r in cross_ratio.values())
+    assert source_dependence(model, {**sample, "net_input": {k: v[:1] for k, v in sample["net_input"].items()},
+                                     "target": target[:1]}) is None
 
 
 def test_divergence_guard_stops_a_postln_run_with_a_huge_lr_and_keeps_the_last_checkpoint(multi30k_bin, tmp_path):

@@ -6,6 +6,11 @@ subclasses it) plus training-stability diagnostics, each off by default and free
   --diag-update-norm-interval K update_norm: ||F(x,theta_t) - F(x,theta_0)|| on a fixed probe batch
                                 every K updates (DeepNet, Figs. 4-5)
   --diag-ln-inputs              lnin_<sublayer>: mean norm of each sublayer LayerNorm's input (DeepNet, Fig. 3)
+  --diag-source-dependence-interval K
+                                src_dep: target NLL (bits/token) with the batch's sources shuffled minus with
+                                the true ones (0: the decoder ignores the encoder), and xattn_<layer>: each
+                                decoder layer's cross-attention output over the residual it joins; every K
+                                updates, eval mode, on that update's first micro-batch
   --divergence-guard            stop on a non-finite loss or gradient, or one beyond the bounds below,
   --divergence-loss-bound B     naming the update and the sublayer where it started; fairseq's saved
   --divergence-grad-bound B     checkpoints are left as they were (the last good one stays loadable).
@@ -38,12 +43,15 @@ from ..diagnostics.monitors import (
     UpdateNormProbe,
     describe_nonfinite,
     locate_divergence,
+    source_dependence,
 )
+from ..diagnostics.sublayers import unwrap
 
 logger = logging.getLogger(__name__)
 
 LN_PREFIX = "lnin_"
 GRAD_PREFIX = "gnorm_"
+XATTN_PREFIX = "xattn_"
 
 
 @dataclass
@@ -53,6 +61,10 @@ class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriteri
         default=0, metadata={"help": "every K updates, log ||F(x,theta_t)-F(x,theta_0)|| on a fixed probe batch (0: off)"}
     )
     diag_ln_inputs: bool = field(default=False, metadata={"help": "log the mean input norm of every sublayer LayerNorm"})
+    diag_source_dependence_interval: int = field(
+        default=0, metadata={"help": "every K updates, log src_dep (NLL with shuffled sources minus NLL, bits) and "
+                                     "xattn_<layer> (cross-attention output / residual norm) (0: off)"}
+    )
     divergence_guard: bool = field(
         default=False, metadata={"help": "stop training on a non-finite (or out-of-bound) loss or gradient norm"}
     )
@@ -85,6 +97,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         diag_grad_norms=False,
         diag_update_norm_interval=0,
         diag_ln_inputs=False,
+        diag_source_dependence_interval=0,
         divergence_guard=False,
         divergence_loss_bound=0.0,
         divergence_grad_bound=0.0,
@@ -92,6 +105,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         for option, value in (("--diag-update-norm-interval", diag_update_norm_interval),
+                              ("--diag-source-dependence-interval", diag_source_dependence_interval),
                               ("--divergence-loss-bound", divergence_loss_bound),
                               ("--divergence-grad-bound", divergence_grad_bound)):
             if value < 0 or not math.isfinite(value):
@@ -101,6 +115,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self.diag_grad_norms = diag_grad_norms
         self.update_norm_interval = diag_update_norm_interval
         self.diag_ln_inputs = diag_ln_inputs
+        self.source_dependence_interval = diag_source_dependence_interval
         self.guard = divergence_guard
         self.loss_bound = divergence_loss_bound
         self.grad_bound = divergence_grad_bound
@@ -108,10 +123,12 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self._attached = False
         self._probe = UpdateNormProbe() if diag_update_norm_interval else None
         self._probed_update = None
+        self._source_probed_update = None
 
     @property
     def _needs_hooks(self):
-        return self.diag_grad_norms or self.update_norm_interval or self.diag_ln_inputs or self.guard
+        return (self.diag_grad_norms or self.update_norm_interval or self.diag_ln_inputs or self.guard
+                or self.source_dependence_interval)
 
     def _attach(self, model):
         """Hooks are attached at the first training forward (the criterion is built before the model)."""
@@ -119,6 +136,8 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self._grad_monitor = (GradNormMonitor(model, self._on_grads, self._on_overflow if self.guard else None)
                               if self.diag_grad_norms or self.guard else None)
         self._ln_monitor = LayerNormInputMonitor(model) if self.diag_ln_inputs else None
+        layers = getattr(getattr(unwrap(model), "decoder", None), "layers", None) or []
+        self._cross_layers = [i for i, layer in enumerate(layers) if getattr(layer, "encoder_attn", None) is not None]
 
     def forward(self, model, sample, reduce=True):
         if not (model.training and self._needs_hooks):
@@ -132,6 +151,11 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         if probe_now:  # before this update's forward: F(x, theta_update), first micro-batch only
             self._probed_update = update
             update_norm = self._probe.measure(model, sample)
+        source = None
+        if (self.source_dependence_interval and update % self.source_dependence_interval == 0
+                and self._source_probed_update != update):
+            self._source_probed_update = update
+            source = source_dependence(model, sample)
 
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
 
@@ -144,6 +168,12 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             for name, value in self._ln_monitor.collect().items():
                 logging_output[LN_PREFIX + name] = value.item()
             logging_output["lnin_n"] = 1
+        if self.source_dependence_interval:  # same keys on every worker and micro-batch
+            src_dep, cross_ratio = source or (0.0, {})
+            logging_output["src_dep_sum"] = src_dep
+            logging_output["src_dep_n"] = 1 if source else 0
+            for index in self._cross_layers:
+                logging_output[f"{XATTN_PREFIX}{index}"] = cross_ratio.get(index, 0.0)
         return loss, sample_size, logging_output
 
     def _check_loss(self, model, sample, loss, sample_size, logging_output, update):
@@ -207,6 +237,12 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         n = total("update_norm_n")
         if n > 0:
             metrics.log_scalar("update_norm", total("update_norm_sum") / n, priority=900, round=4)
+        n = total("src_dep_n")
+        if n > 0:
+            metrics.log_scalar("src_dep", total("src_dep_sum") / n, priority=900, round=4)
+            for key in logging_outputs[0]:
+                if key.startswith(XATTN_PREFIX):
+                    metrics.log_scalar(key, total(key) / n, priority=1100, round=4)
         n = total("lnin_n")
         if n > 0:
             for key in logging_outputs[0]:

@@ -12,6 +12,8 @@
   (over positions) of its input.
 - ``UpdateNormProbe``: ``||F(x, theta_t) - F(x, theta_0)||`` on a fixed probe batch, F = the top
   decoder layer's output (``features_only``), eval mode; only F(x, theta_0) is kept.
+- ``source_dependence``: target NLL with the batch's sources shuffled minus with the true ones, and
+  each decoder layer's cross-attention output against the residual stream it joins.
 """
 
 import functools
@@ -204,6 +206,62 @@ class UpdateNormProbe:
             self.initial = self._features(model)
             return 0.0
         return _mean_token_norm(self._features(model) - self.initial, self.mask).item()
+
+
+@torch.no_grad()
+def source_dependence(model, sample):
+    """How much the model uses its source, on one batch in eval mode (``None`` for a 1-sentence batch).
+
+    Returns ``(src_dep, cross_ratio)``: ``src_dep`` is the target NLL (bits per token) with each
+    sentence given another sentence's source (the batch's sources rolled by one) minus the NLL with
+    its own source: 0 means the decoder ignores the encoder. ``cross_ratio`` maps each decoder layer
+    to the mean norm of its cross-attention output over the mean norm of the residual stream it is
+    added to (``alpha * x`` in DeepNorm, ``x`` otherwise), with the true sources.
+    """
+    model = unwrap(model)
+    net_input, target = sample["net_input"], sample["target"]
+    if "src_tokens" not in net_input or net_input["src_tokens"].size(0) < 2:
+        return None
+    mask = target.ne(model.decoder.dictionary.pad()).float()
+    residual, branch, handles = {}, {}, []
+    for index, layer in enumerate(getattr(model.decoder, "layers", None) or []):
+        layer = getattr(layer, "_checkpoint_wrapped_module", layer)
+        attn = getattr(layer, "encoder_attn", None)
+        if attn is None:
+            continue
+        alpha = float(getattr(layer, "deepnorm_alpha", 1.0))
+        if getattr(layer, "normalize_before", False):  # Pre-LN: the residual is the LayerNorm's input
+            handles.append(layer.encoder_attn_layer_norm.register_forward_pre_hook(
+                lambda m, inputs, i=index: residual.__setitem__(i, _mean_token_norm(inputs[0], mask.t()))))
+        else:  # Post-LN placement: the residual is the attention's query
+            handles.append(attn.register_forward_pre_hook(
+                lambda m, args, kwargs, i=index, a=alpha: residual.__setitem__(
+                    i, a * _mean_token_norm(kwargs.get("query", args[0] if args else None), mask.t())),
+                with_kwargs=True))
+        handles.append(attn.register_forward_hook(
+            lambda m, inputs, output, i=index: branch.__setitem__(i, _mean_token_norm(output[0], mask.t()))))
+
+    def nll(inputs):
+        lprobs = model.get_normalized_probs(model(**inputs), log_probs=True).float()
+        token_nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        return (token_nll * mask).sum() / mask.sum().clamp(min=1) / math.log(2)
+
+    was_training = model.training
+    model.eval()
+    try:
+        true = nll(net_input)
+        for handle in handles:
+            handle.remove()
+        handles = []
+        rolled = dict(net_input, src_tokens=net_input["src_tokens"].roll(1, 0),
+                      src_lengths=net_input["src_lengths"].roll(1, 0))
+        src_dep = (nll(rolled) - true).item()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    cross_ratio = {i: (branch[i] / residual[i].clamp(min=1e-12)).item() for i in branch if i in residual}
+    return src_dep, cross_ratio
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ RUN_FIELDS = ["arch", "depth", "seed", "updates", "final_train_loss", "valid_los
               "wall_s"]
 # every diagnostic, every update; a caller may pass a leaner list as ``args.diag``
 ALL_DIAGNOSTICS = ("--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard")
+CURVE_METRICS = ("loss", "nll_loss", "gnorm", "update_norm", "src_dep")  # and every gnorm_/lnin_/xattn_ metric
 LOG_LINE = re.compile(r"\| (train_inner|valid|train) \| (\{.*\})\s*$")
 
 
@@ -197,7 +198,7 @@ def train_one(args, data, arch, depth, seed, name=None):
         w = csv.writer(f)
         for r in inner:
             for key, value in r.items():
-                if key == "loss" or key == "gnorm" or key == "update_norm" or key.startswith(("gnorm_", "lnin_")):
+                if key in CURVE_METRICS or key.startswith(("gnorm_", "lnin_", "xattn_")):
                     w.writerow([arch, depth, seed, int(float(r["num_updates"])), key, value])
     os.replace(run_dir / "curves.tmp", run_dir / "curves.csv")
     (run_dir / "result.json").write_text(json.dumps(result))

@@ -1,0 +1,243 @@
+"""Where each method trains: Post-LN, Pre-LN and DeepNet over depth x peak learning rate (and a
+warm-up axis at one depth), each cell classified as trains / stalls / diverges
+(``scripts/stability_map.sh``).
+
+Every cell is one ``fairseq-train`` run of the depth sweep's runner (``sweep.train_one``: same seed,
+same batches, the diagnostic criterion with the divergence guard) on the shipped IWSLT-14 pipeline's
+binarised Multi30k de-en (``scripts/prepare_iwslt14.sh`` + ``binarize.sh``), 64-128-2 models
+(DeepNet Fig. 5's shape), inverse-sqrt schedule. Finished cells are kept (``OUT/runs/*/.done``), so an
+interrupted map resumes, and later calls with other methods or cells add to the same CSV.
+
+A cell
+- **diverges** when the guard stops it (non-finite loss or gradient) or its final validation NLL is
+  above the uniform distribution's entropy log2(V) (a loss blow-up);
+- **stalls** when its final validation NLL is within ``--stall-margin`` bits of the target's unigram
+  entropy (it has learnt word frequencies and nothing else), or when the source-dependence measure
+  ``src_dep`` (NLL with the batch's sources shuffled minus with the true ones, the diagnostic
+  criterion's ``--diag-source-dependence-interval``) is below ``--min-src-dep`` bits per token at the
+  end (the decoder ignores its source: a target-side language model);
+- **trains** otherwise.
+"""
+
+import argparse
+import csv
+import math
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+if __package__:
+    from . import sweep
+    from .figures import read_curves
+    from .plots import save_figure
+else:  # run as a file by scripts/stability_map.sh
+    import sweep
+    from figures import read_curves
+    from plots import save_figure
+
+ROOT = sweep.ROOT
+# method -> (registered arch, extra fairseq-train arguments)
+METHODS = {
+    "postln": ("transformer_iwslt_de_en", []),
+    "preln": ("preln_transformer_iwslt_de_en", []),
+    "deepnet": ("deepnet_transformer_iwslt_de_en", []),
+    "deepnet_torchscale_init": ("deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "torchscale"]),
+}
+LABELS = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet",
+          "deepnet_torchscale_init": "DeepNet, torchscale's init"}
+FIELDS = ["method", "depth", "lr", "warmup", "updates", "status", "valid_nll", "final_train_loss", "src_dep",
+          "unigram_entropy", "uniform_entropy", "reason", "wall_s"]
+PIPELINE_DATA = ["data.layout=plain", "data.train=[train]", "data.valid=[valid]", "data.test=[test2016]"]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="scripts/stability_map.sh", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="work folder: runs/, map.csv (finished cells are skipped)")
+    p.add_argument("--data", help="binarised data (default: build Multi30k de-en through the shipped IWSLT-14 "
+                                  "pipeline into OUT/work from --raw-dir)")
+    p.add_argument("--raw-dir", default=str(sweep.DEFAULT_RAW), help="raw Multi30k de-en (default: %(default)s)")
+    p.add_argument("--methods", default="postln,preln,deepnet", help=f"of {','.join(METHODS)} (default: %(default)s)")
+    p.add_argument("--depths", default="6,18,50", help="N = M layers (default: %(default)s)")
+    p.add_argument("--lrs", default="2.5e-4,5e-4,1e-3,2e-3,4e-3", help="peak learning rates (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=100, help="warm-up updates for the lr axis (default: %(default)s)")
+    p.add_argument("--warmup-axis", default="", help="extra warm-ups, run at --warmup-depth for every lr, e.g. 25,400")
+    p.add_argument("--warmup-depth", type=int, default=18, help="depth of the warm-up axis (default: %(default)s)")
+    p.add_argument("--updates", type=int, default=200, help="updates per cell (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=1000, help="tokens per batch (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--probe-every", type=int, default=20, help="src_dep and update norm every K updates")
+    p.add_argument("--stall-margin", type=float, default=0.5, help="bits above unigram entropy - margin = stalled")
+    p.add_argument("--min-src-dep", type=float, default=0.25, help="bits per token; below = source ignored")
+    p.add_argument("--jobs", type=int, default=1, help="cells in parallel, one thread each (default: %(default)s)")
+    p.add_argument("--csv", help="also copy the CSV here (e.g. docs/figures/stability_map.csv)")
+    p.add_argument("--figures", help="write one heatmap per method here (e.g. docs/figures)")
+    args = p.parse_args(argv)
+    args.methods = sweep.parse_list(args.methods, str, "--methods")
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        p.error(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    args.depths = sweep.parse_list(args.depths, int, "--depths")
+    args.lrs = sweep.parse_list(args.lrs, float, "--lrs")
+    args.warmup_axis = sweep.parse_list(args.warmup_axis, int, "--warmup-axis") if args.warmup_axis else []
+    if args.jobs < 1 or args.updates < 1 or args.probe_every < 1:
+        p.error("--jobs, --updates and --probe-every must be >= 1")
+    return args
+
+
+def build_data(args):
+    """The shipped pipeline's prepare and binarise stages on all Multi30k de-en pairs (skipped when done)."""
+    work = Path(args.out) / "work"
+    overrides = [*PIPELINE_DATA, f"paths.work={work}", f"paths.runs={Path(args.out) / 'pipeline'}",
+                 f"paths.results={Path(args.out) / 'pipeline' / 'results.jsonl'}"]
+    config = ROOT / "configs" / "iwslt14_de_en.yaml"
+    for cmd in ([ROOT / "scripts" / "prepare_iwslt14.sh", "--raw-dir", args.raw_dir, "--workers", "2", *overrides],
+                [ROOT / "scripts" / "binarize.sh", "--config", config, "--workers", "2", *overrides]):
+        if subprocess.run([str(c) for c in cmd], env=sweep.child_env()).returncode != 0:
+            raise SystemExit(f"stability_map: the pipeline stage failed: {' '.join(map(str, cmd[:1]))}")
+    return work / "bin"
+
+
+def target_entropies(data):
+    """(unigram entropy, uniform entropy) of the training targets in bits, EOS included."""
+    from fairseq.data import Dictionary, data_utils
+
+    dicts = sorted(Path(data).glob("dict.*.txt"))
+    prefixes = sorted(Path(data).glob("train.*-*.*.idx"))
+    if not dicts or not prefixes:
+        raise SystemExit(f"stability_map: {data} is not a binarised fairseq data dir (no dict.*.txt / train.*.idx)")
+    src, tgt = prefixes[0].name.split(".")[1].split("-")
+    dictionary = Dictionary.load(str(Path(data) / f"dict.{tgt}.txt"))
+    dataset = data_utils.load_indexed_dataset(str(Path(data) / f"train.{src}-{tgt}.{tgt}"), dictionary)
+    counts = np.bincount(np.concatenate([dataset[i].numpy() for i in range(len(dataset))]),
+                         minlength=len(dictionary)).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum()), math.log2(len(dictionary) - dictionary.nspecial + 1)
+
+
+def cells(args):
+    """Shallow cells first, every method at a depth before the next depth (a partial map is a useful one)."""
+    grid = [(m, d, lr, args.warmup) for d in sorted(args.depths) for lr in args.lrs for m in args.methods]
+    grid += [(m, args.warmup_depth, lr, w) for w in args.warmup_axis for lr in args.lrs for m in args.methods]
+    return list(dict.fromkeys(grid))
+
+
+def run_cell(args, data, method, depth, lr, warmup):
+    arch, extra = METHODS[method]
+    run = Namespace(out=args.out, tiny=True, bleu=False, max_tokens=args.max_tokens, updates=args.updates, lr=lr,
+                    warmup=warmup, extra=list(extra),
+                    diag=["--divergence-guard", "--diag-update-norm-interval", str(args.probe_every),
+                          "--diag-source-dependence-interval", str(args.probe_every)])
+    name = f"{method}_L{depth}_lr{lr:g}_w{warmup}_s{args.seed}"
+    result = sweep.train_one(run, data, arch, depth, args.seed, name=name)
+    curves = read_curves(Path(args.out) / "runs" / name)
+    return name, result, curves
+
+
+def classify(result, curves, valid_nll, unigram, uniform, args):
+    src_dep = curves.get("src_dep", {})
+    last_src_dep = src_dep[max(src_dep)] if src_dep else math.nan
+    if result["diverged"] == "yes":
+        return "diverges", result["reason"], last_src_dep
+    if not math.isfinite(valid_nll) or valid_nll > uniform:
+        return "diverges", f"valid NLL {valid_nll:.2f} bits > uniform {uniform:.2f}", last_src_dep
+    if valid_nll > unigram - args.stall_margin:
+        return "stalls", f"valid NLL {valid_nll:.2f} bits, not {args.stall_margin} below unigram {unigram:.2f}", \
+            last_src_dep
+    if not last_src_dep >= args.min_src_dep:
+        return "stalls", f"source ignored: src_dep {last_src_dep:.3f} < {args.min_src_dep} bits", last_src_dep
+    return "trains", "", last_src_dep
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(args.data) if args.data else build_data(args)
+    unigram, uniform = target_entropies(data)
+    grid = cells(args)
+    start = time.time()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(lambda cell: run_cell(args, data, *cell), grid))
+    rows = []
+    for run_dir in sorted((out / "runs").glob("*/.done")):  # every finished cell, this call's and earlier ones
+        name = run_dir.parent.name
+        method, depth, lr, warmup, _ = name.rsplit("_", 4)
+        result = sweep.json.loads((run_dir.parent / "result.json").read_text())
+        curves = read_curves(run_dir.parent)
+        valid_nll = valid_nll_of(run_dir.parent)
+        status, reason, src_dep = classify(result, curves, valid_nll, unigram, uniform, args)
+        rows.append({"method": method, "depth": int(depth[1:]), "lr": float(lr[2:]), "warmup": int(warmup[1:]),
+                     "updates": result["updates"], "status": status, "valid_nll": round(valid_nll, 4),
+                     "final_train_loss": result["final_train_loss"], "src_dep": round(src_dep, 4),
+                     "unigram_entropy": round(unigram, 4), "uniform_entropy": round(uniform, 4),
+                     "reason": reason, "wall_s": result["wall_s"]})
+    rows.sort(key=lambda r: (list(METHODS).index(r["method"]), r["warmup"], r["depth"], r["lr"]))
+    sweep.write_csv(out / "map.csv", FIELDS, [[r[k] for k in FIELDS] for r in rows])
+    if args.csv:
+        sweep.write_csv(Path(args.csv), FIELDS, [[r[k] for k in FIELDS] for r in rows])
+    for r in rows:
+        print(f"{LABELS[r['method']]:28s} {r['depth']:3d}L lr {r['lr']:<8g} warm-up {r['warmup']:<5d} {r['status']:9s} "
+              f"valid NLL {r['valid_nll']:<7} src_dep {r['src_dep']:<7} {r['reason']}", flush=True)
+    if args.figures:
+        for path in heatmaps(rows, Path(args.figures)):
+            print(f"wrote {path}")
+    cpu = sum(float(r["wall_s"]) for r in rows)
+    print(f"stability_map: {len(grid)} cells in this call, {time.time() - start:.0f} s wall; "
+          f"{len(rows)} cells in {out / 'map.csv'} ({cpu / 3600:.2f} CPU hours of training, one thread each)")
+
+
+def valid_nll_of(run_dir):
+    _, valid = sweep.parse_log((run_dir / "train.log").read_text(errors="replace"))
+    return float(valid["valid_nll_loss"]) if valid and "valid_nll_loss" in valid else math.nan
+
+
+STATUS_CODE = {"trains": 0, "stalls": 1, "diverges": 2}
+
+
+def heatmaps(rows, folder):
+    """One heatmap per method (and warm-up): depth x lr, colour = status, text = valid NLL / src_dep."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        warmups = sorted({r["warmup"] for r in mine})
+        fig, axes = plt.subplots(1, len(warmups), figsize=(4.2 * len(warmups) + 0.6, 3.4), squeeze=False)
+        for ax, warmup in zip(axes[0], warmups):
+            panel = [r for r in mine if r["warmup"] == warmup]
+            depths = sorted({r["depth"] for r in panel})
+            lrs = sorted({r["lr"] for r in panel})
+            grid = np.full((len(depths), len(lrs)), np.nan)
+            for r in panel:
+                i, j = depths.index(r["depth"]), lrs.index(r["lr"])
+                grid[i, j] = STATUS_CODE[r["status"]]
+                ax.text(j, i, f"{r['valid_nll']:.2f}\n{r['src_dep']:.2f}", ha="center", va="center", fontsize=7)
+            ax.imshow(grid, cmap=ListedColormap(["#8fd18f", "#f2d16b", "#e88080"]), vmin=0, vmax=2, aspect="auto")
+            ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
+            ax.set_yticks(range(len(depths)), [f"{d}L-{d}L" for d in depths], fontsize=8)
+            ax.set_xlabel("peak learning rate")
+            ax.set_title(f"{LABELS[method]}, warm-up {warmup}", fontsize=9)
+        fig.text(0.01, 0.01, "green trains, yellow stalls, red diverges; text: valid NLL (bits) / src_dep (bits)",
+                 fontsize=7)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+        path = folder / f"stability_map_{method}.png"
+        save_figure(fig, path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    main()
