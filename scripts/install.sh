@@ -10,7 +10,8 @@ Creates DIR (default .venv) and installs, in order:
   1. torch: an importable torch is kept (a GPU box keeps its own build; with --python pointing at an
      interpreter that has torch, the venv sees it through --system-site-packages); otherwise the
      tested CPU build torch==2.13.0;
-  2. the pinned build and runtime needs in requirements.txt (no torchaudio, never PyPI's `apex`);
+  2. the pinned build and runtime needs in requirements.txt (no torchaudio, never PyPI's `apex`), then
+     requirements.no-deps.txt with --no-deps (torchscale, the reference implementation in the tests);
   3. fairseq-fixed==0.12.3.1 built with --no-build-isolation --no-deps (imports as `fairseq`);
   4. this plugin, editable;
   5. optional extras, comma-separated, each from requirements-<extra>.txt:
@@ -70,6 +71,7 @@ else
 fi
 # Everything pinned, except torch which is kept as found.
 "${pip[@]}" -r requirements.txt
+"${pip[@]}" --no-deps -r requirements.no-deps.txt  # what these declare would pull in another torch
 if ! "$py" -c "import fairseq" 2>/dev/null; then
   echo "install.sh: building $FAIRSEQ_SPEC (about 3 minutes the first time; pip caches the wheel)"
   "${pip[@]}" --no-build-isolation --no-deps "$FAIRSEQ_SPEC"

@@ -4,8 +4,14 @@ Every sublayer computes ``x <- LN(alpha * x + G(x))`` (Post-LN placement, no fin
 only ``residual_connection`` changes. At build, FFN ``fc1``/``fc2`` and the attention ``v_proj``/
 ``out_proj`` (self- and cross-attention) get ``xavier_normal_(w, gain=beta)`` and ``q_proj``/
 ``k_proj`` get ``xavier_normal_(w, gain=1)``, as in the paper's pseudo-code. Biases and embeddings
-keep fairseq's initialisation: the paper says nothing about them (torchscale also scales biases;
-this plugin does not). The decoder's cross-attention uses the decoder's beta.
+keep fairseq's initialisation: the paper says nothing about them. The decoder's cross-attention uses
+the decoder's beta.
+
+``--deepnorm-init torchscale`` replaces this by the initialisation of Microsoft's torchscale 0.3.0, for
+comparisons with work that used it: PyTorch's default ``Linear`` init for every attention and FFN
+projection (weights and biases), then the value/output/FFN weights *and biases* times torchscale's beta
+(its encoder beta is 1.32x the paper's in an encoder-decoder model; ``deepnorm.py``). Differences and
+the forward equivalence with torchscale are in docs/torchscale.md.
 
 Each layer keeps its alpha as a (persistent) buffer: checkpoints record the constants they were
 trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model of the same shape.
@@ -15,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
@@ -27,6 +34,8 @@ from .layers import LayerClassDecoder, LayerClassEncoder
 from .sizes import register_size_variants
 
 logger = logging.getLogger(__name__)
+
+DEEPNORM_INIT_CHOICES = ChoiceEnum(["paper", "torchscale"])
 
 
 @dataclass
@@ -43,12 +52,18 @@ class DeepNetConfig(TransformerConfig):
     deepnorm_decoder_beta: Optional[float] = field(
         default=None, metadata={"help": "override the decoder's DeepNorm init gain beta (default: the paper's formula)"}
     )
+    deepnorm_init: DEEPNORM_INIT_CHOICES = field(
+        default="paper",
+        metadata={"help": "DeepNorm's initialisation: 'paper' (Xavier-normal gains and beta of the paper) or "
+                          "'torchscale' (torchscale 0.3.0's released init; docs/torchscale.md)"},
+    )
 
     def deepnorm(self) -> DeepNormConstants:
         """The effective constants: the paper's formulas for this depth, with any overrides."""
         return deepnorm_constants(
             self.encoder.layers,
             self.decoder.layers,
+            init=str(self.deepnorm_init),
             encoder_alpha=self.deepnorm_encoder_alpha,
             encoder_beta=self.deepnorm_encoder_beta,
             decoder_alpha=self.deepnorm_decoder_alpha,
@@ -69,12 +84,32 @@ def deepnorm_init_(attentions, ffn_linears, beta):
         nn.init.xavier_normal_(linear.weight, gain=beta)
 
 
+@torch.no_grad()
+def torchscale_init_(attentions, ffn_linears, beta):
+    """torchscale 0.3.0's init: PyTorch's default Linear init (weights and biases U(+-1/sqrt(fan_in))) for
+    every projection, then value/output and FFN weights and biases times beta; query/key stay unscaled."""
+    scaled = list(ffn_linears)
+    for attn in attentions:
+        if attn is None:
+            continue
+        attn.q_proj.reset_parameters()
+        attn.k_proj.reset_parameters()
+        scaled += [attn.v_proj, attn.out_proj]
+    for linear in scaled:
+        linear.reset_parameters()
+        linear.weight.mul_(beta)
+        linear.bias.mul_(beta)
+
+
+DEEPNORM_INITS = {"paper": deepnorm_init_, "torchscale": torchscale_init_}
+
+
 class DeepNormEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
         constants = cfg.deepnorm()
         self.register_buffer("deepnorm_alpha", torch.tensor(constants.encoder_alpha))
-        deepnorm_init_([self.self_attn], [self.fc1, self.fc2], constants.encoder_beta)
+        DEEPNORM_INITS[str(cfg.deepnorm_init)]([self.self_attn], [self.fc1, self.fc2], constants.encoder_beta)
 
     def residual_connection(self, x, residual):
         return residual * self.deepnorm_alpha + x
@@ -85,7 +120,8 @@ class DeepNormDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         constants = cfg.deepnorm()
         self.register_buffer("deepnorm_alpha", torch.tensor(constants.decoder_alpha))
-        deepnorm_init_([self.self_attn, self.encoder_attn], [self.fc1, self.fc2], constants.decoder_beta)
+        init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
+        init_([self.self_attn, self.encoder_attn], [self.fc1, self.fc2], constants.decoder_beta)
 
     def residual_connection(self, x, residual):
         return residual * self.deepnorm_alpha + x
@@ -101,7 +137,8 @@ class DeepNetDecoder(LayerClassDecoder):
 
 @register_model("deepnet_transformer")
 class DeepNetTransformerModel(LayerClassTransformerModel):
-    """fairseq's ``transformer`` with DeepNorm residuals and init; same options plus ``--deepnorm-*``."""
+    """fairseq's ``transformer`` with DeepNorm residuals and init; same options plus ``--deepnorm-*``
+    (``--deepnorm-init {paper,torchscale}`` chooses the initialisation)."""
 
     config_class = DeepNetConfig
     encoder_class = DeepNetEncoder
@@ -110,8 +147,9 @@ class DeepNetTransformerModel(LayerClassTransformerModel):
     @classmethod
     def check_args(cls, args):
         require_post_ln(args, "DeepNorm")
-        constants = cls.config_class.from_namespace(args).deepnorm()  # validates the overrides
-        logger.info(constants.describe())
+        cfg = cls.config_class.from_namespace(args)
+        constants = cfg.deepnorm()  # validates the overrides
+        logger.info(f"{constants.describe()} ({cfg.deepnorm_init} init)")
 
 
 def deepnet_defaults(args):

@@ -10,6 +10,11 @@ function serves encoder-decoder, encoder-only (BERT-like) and decoder-only (GPT-
 
 alpha up-weights the residual in every sublayer, ``x <- LN(alpha * x + G(x))``; beta is the gain of
 ``xavier_normal_`` for the FFN weights and the attention value/output projections.
+
+``init="torchscale"`` gives the betas of Microsoft's torchscale 0.3.0 (``--deepnorm-init torchscale``):
+the same formulas except the encoder of an encoder-decoder model, where torchscale divides its init by
+``(N^4 M)^(1/16) / 1.15``, i.e. beta = 1.15 (N^4 M)^(-1/16) (1.32x the paper's 0.87). There beta
+multiplies PyTorch's default Linear init instead of being a Xavier gain (docs/torchscale.md).
 """
 
 from dataclasses import dataclass
@@ -46,10 +51,16 @@ def _check_override(value, option: str) -> Optional[float]:
     return float(value)
 
 
+# The encoder-decoder encoder beta's coefficient, by initialisation (--deepnorm-init); torchscale 0.3.0's
+# torchscale/architecture/encoder.py: init_scale = (N^4 M)^(1/16) / 1.15, weights divided by it.
+ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15}
+
+
 def deepnorm_constants(
     encoder_layers: int = 0,
     decoder_layers: int = 0,
     *,
+    init: str = "paper",
     encoder_alpha: Optional[float] = None,
     encoder_beta: Optional[float] = None,
     decoder_alpha: Optional[float] = None,
@@ -57,9 +68,12 @@ def deepnorm_constants(
 ) -> DeepNormConstants:
     """The paper's alpha and beta for an N-layer encoder and M-layer decoder (0 = no such stack).
 
+    ``init`` ("paper" or "torchscale") chooses the beta formula of the initialisation it goes with.
     Keyword overrides (for ablations) replace a formula's value; each must be > 0. Errors name the
     command-line option they come from.
     """
+    if init not in ENCODER_DECODER_ENCODER_BETA:
+        raise ValueError(f"--deepnorm-init must be one of {sorted(ENCODER_DECODER_ENCODER_BETA)}, got {init!r}")
     n = _check_layers(encoder_layers, "--encoder-layers")
     m = _check_layers(decoder_layers, "--decoder-layers")
     if n == 0 and m == 0:
@@ -73,7 +87,7 @@ def deepnorm_constants(
     if n and m:  # encoder-decoder
         paper = dict(
             encoder_alpha=0.81 * (n**4 * m) ** (1 / 16),
-            encoder_beta=0.87 * (n**4 * m) ** (-1 / 16),
+            encoder_beta=ENCODER_DECODER_ENCODER_BETA[init] * (n**4 * m) ** (-1 / 16),
             decoder_alpha=(3 * m) ** (1 / 4),
             decoder_beta=(12 * m) ** (-1 / 4),
         )
