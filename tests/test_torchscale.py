@@ -234,3 +234,36 @@ def test_setup_extra_args_reach_the_model(capsys):
     # PyTorch's default Linear init (torchscale's), not the paper's xavier_normal_ (std 1/sqrt(dim) here)
     assert attention.q_proj.weight.std().item() == pytest.approx((3 * dim) ** -0.5, rel=0.03)
     assert attention.out_proj.bias.abs().max() > 0  # fairseq and the paper's init leave it at 0
+
+
+
+def branch_to_residual_ratios(model, src, prev):
+    """Mean over each stack's sublayers of ||G(x)|| / ||alpha x||: DeepNorm's branch against its residual."""
+    ratios = {"encoder": [], "decoder": []}
+    for stack, found in ratios.items():
+        for layer in getattr(model, stack).layers:
+            def recording(x, residual, layer=layer, residual_connection=layer.residual_connection, found=found):
+                found.append((x.norm() / (layer.deepnorm_alpha * residual).norm()).item())
+                return residual_connection(x, residual)
+            layer.residual_connection = recording
+    with torch.no_grad():
+        model(src, torch.full((src.size(0),), src.size(1)), prev)
+    return {stack: sum(found) / len(found) for stack, found in ratios.items()}
+
+
+@pytest.mark.parametrize("depth", [6, 18, 50])
+def test_torchscale_init_starts_with_smaller_branches(depth):
+    """At the stability map's 64-128-2 shape: the numbers of docs/torchscale.md, and their direction."""
+    gen = torch.Generator().manual_seed(0)
+    src, prev = (torch.randint(4, VOCAB_SIZE, (16, 12), generator=gen) for _ in range(2))
+    ratios = {}
+    for init in ("paper", "torchscale"):
+        torch.manual_seed(0)
+        model = build("deepnet_transformer", *shape_options(depth, depth, 64, 128, 2), "--deepnorm-init", init,
+                      vocab=VOCAB)
+        ratios[init] = branch_to_residual_ratios(model, src, prev)
+    print(f"{depth}L-{depth}L ||G(x)||/||alpha x||: " + ", ".join(
+        f"{stack} paper {ratios['paper'][stack]:.3f} torchscale {ratios['torchscale'][stack]:.3f}"
+        for stack in ("encoder", "decoder")))
+    for stack in ("encoder", "decoder"):
+        assert ratios["torchscale"][stack] < 0.8 * ratios["paper"][stack]
