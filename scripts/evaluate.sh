@@ -5,13 +5,14 @@ set -euo pipefail
 usage() {
   cat <<'USAGE'
 Usage: scripts/evaluate.sh --config configs/<setup>.yaml (--arch A [--layers N,M] | --run-dir DIR)
-                           [--average-last K] [--cpu] [key=value ...]
+                           [--average-last K] [--cpu] [--engine fairseq|ctranslate2] [key=value ...]
 
 Averages the last K checkpoints of the run (eval.average_last), runs fairseq-generate on the test
 set and scores it with the setup's metric (eval.metric): IWSLT-14 tokenised BLEU; WMT-17 compound-
 split BLEU plus detokenised sacreBLEU; multilingual: detokenised sacreBLEU per direction, a CSV and
 a heatmap, group averages. The copy-the-source baseline is scored too. Writes <run>/eval/ and
-appends a record to paths.results.
+appends a record to paths.results. --engine ctranslate2 (bilingual setups) exports the averaged
+checkpoint to <run>/eval/ctranslate2/ and decodes with CTranslate2 instead (docs/deploy.md).
 USAGE
 }
 
@@ -23,7 +24,7 @@ need() { [ $# -ge 2 ] || { echo "evaluate: option $1 needs a value (see --help)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need "$@"; config=$2; shift 2 ;;
-    --arch|--layers|--run-dir|--average-last) need "$@"; args+=("$1" "$2"); shift 2 ;;
+    --arch|--layers|--run-dir|--average-last|--engine) need "$@"; args+=("$1" "$2"); shift 2 ;;
     --cpu) args+=(--cpu); shift ;;
     -h|--help) usage; exit 0 ;;
     *=*) args+=("$1"); shift ;;

@@ -57,12 +57,34 @@ def generate(cfg, checkpoint, gen_args, cpu, log_path):
     return [hyps.get(i, "") for i in range(max(hyps) + 1)] if hyps else []
 
 
-def evaluate_bilingual(cfg, checkpoint, cpu, out):
+def ctranslate2_hypotheses(cfg, checkpoint, out):
+    """The test set's hypotheses from CTranslate2 (``--engine ctranslate2``): the checkpoint exported
+    to ``<run>/eval/ctranslate2/`` (deepnet_fairseq.export), the BPE-segmented test source decoded with
+    the eval settings, BPE removed as fairseq-generate's ``--remove-bpe`` does."""
+    from ..export import ExportError, read_checkpoint, to_ctranslate2, to_plain_fairseq
+    from ..translate import DeployedTranslator
+
+    work, src = Path(cfg["paths"]["work"]), cfg["data"]["source_lang"]
+    try:
+        exported = to_plain_fairseq(read_checkpoint(checkpoint), str(checkpoint))
+        model_dir = to_ctranslate2(exported, out / "ctranslate2", work, run_config=cfg)
+    except ExportError as err:
+        raise LaunchError(str(err)) from None
+    print(f"[evaluate] CTranslate2 model: {model_dir}", flush=True)
+    translator = DeployedTranslator(model_dir)
+    sources = [line.split() for line in tp.read_lines(work / "bpe" / f"test.{src}")]
+    return [translator.desegment(tokens) for tokens in translator.translate_segmented(sources)]
+
+
+def evaluate_bilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
     data, ev = cfg["data"], cfg["eval"]
     src, tgt = data["source_lang"], data["target_lang"]
     work = Path(cfg["paths"]["work"])
-    hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], cpu,
-                    out / "generate.log")
+    if engine == "ctranslate2":
+        hyps = ctranslate2_hypotheses(cfg, checkpoint, out)
+    else:
+        hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], cpu,
+                        out / "generate.log")
     refs = tp.read_lines(work / "tok" / f"test.{tgt}")
     sources = tp.read_lines(work / "tok" / f"test.{src}")
     if len(hyps) != len(refs):
@@ -90,6 +112,7 @@ def evaluate_bilingual(cfg, checkpoint, cpu, out):
                                              tokenize=ev["sacrebleu_tokenize"])
         result["metric"] = "detokenised sacreBLEU"
     result["sentences"] = len(hyps)
+    result["engine"] = engine
     return result
 
 
@@ -188,6 +211,8 @@ def main(argv=None):
     parser.add_argument("--run-dir", help="the run folder (default: from --arch/--layers)")
     parser.add_argument("--average-last", type=int, help="average the last K checkpoints (default: eval.average_last)")
     parser.add_argument("--cpu", action="store_true", help="generate on CPU (default when no GPU is visible)")
+    parser.add_argument("--engine", choices=("fairseq", "ctranslate2"), default="fairseq",
+                        help="decode with fairseq-generate (default) or CTranslate2 (bilingual setups; docs/deploy.md)")
     opts = parser.parse_intermixed_args(argv)
     try:
         cfg = load(opts.config, opts.overrides)
@@ -219,8 +244,12 @@ def main(argv=None):
             raise LaunchError(str(err)) from None
         averaged = average_checkpoints(chosen, folder / "checkpoints" / f"averaged_last{len(chosen)}.pt")
         print(f"[evaluate] averaged {len(chosen)} checkpoints: {', '.join(p.name for p in chosen)}", flush=True)
-        evaluate = evaluate_multilingual if cfg["data"]["kind"] == "multilingual" else evaluate_bilingual
-        result = evaluate(cfg, averaged, cpu, out)
+        if cfg["data"]["kind"] == "multilingual":
+            if opts.engine != "fairseq":
+                raise LaunchError(f"--engine {opts.engine}: bilingual setups only")
+            result = evaluate_multilingual(cfg, averaged, cpu, out)
+        else:
+            result = evaluate_bilingual(cfg, averaged, cpu, out, opts.engine)
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
                        "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
                        "deepnorm": deepnorm_record(arch, layers) if layers else None,

@@ -1,0 +1,163 @@
+"""Translate raw text with a CTranslate2 directory written by ``python -m deepnet_fairseq.export``.
+
+    python -m deepnet_fairseq.translate MODEL_DIR < raw.de > out.en
+
+Raw text in, detokenised text out, with the pre- and post-processing of the setup that trained the
+model (``deploy.json`` in MODEL_DIR): Moses normalisation and tokenisation (lowercased where the
+setup lowercased), BPE with the setup's codes or its SentencePiece model; then beam search in
+CTranslate2; then BPE removal and Moses detokenisation. Decoding defaults (beam, length penalty,
+maximum length ``a * source length + b``) are the setup's ``eval`` settings. Progress goes to stderr.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .setups import textprep as tp
+
+DEPLOY_FILE = "deploy.json"  # written by deepnet_fairseq.export
+
+
+class DeployedTranslator:
+    """A CTranslate2 translator with its setup's tokenisation (MODEL_DIR/deploy.json)."""
+
+    def __init__(self, model_dir, device="cpu", threads=1, compute_type="default"):
+        import ctranslate2
+
+        self.model_dir = Path(model_dir)
+        settings_path = self.model_dir / DEPLOY_FILE
+        if not settings_path.exists():
+            raise tp.DataError(f"{self.model_dir}: not a translator directory (no {DEPLOY_FILE}; "
+                               "write one with python -m deepnet_fairseq.export CHECKPOINT --to ctranslate2 DIR)")
+        self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
+        self.decoding = self.settings["decoding"]
+        self.translator = ctranslate2.Translator(str(self.model_dir), device=device, compute_type=compute_type,
+                                                 inter_threads=1, intra_threads=threads)
+
+    # pre- and post-processing: the setup's own (deepnet_fairseq.setups.textprep, fairseq's BPE removal)
+
+    def segment(self, lines):
+        """Raw sentences -> the subword tokens the model reads."""
+        s = self.settings
+        if s["tokenizer"] == "moses":
+            lines = tp.moses_tokenize(lines, s["source_lang"], s["moses_escape"], s["aggressive_dash_splits"],
+                                      s["lowercase"])
+        elif s["lowercase"]:
+            lines = [line.lower() for line in lines]
+        if s["segmentation"] == "bpe":
+            lines = tp.apply_bpe(lines, self.model_dir / s["bpe_codes"])
+        else:
+            lines = tp.sentencepiece_encode(lines, self.model_dir / s["spm_model"])
+        return [line.split() for line in lines]
+
+    def desegment(self, tokens):
+        """Output subword tokens -> tokenised text (what the setup's tokenised BLEU scores)."""
+        return remove_segmentation(" ".join(tokens), self.settings["segmentation"])
+
+    def detokenize(self, lines):
+        if self.settings["tokenizer"] == "moses":
+            return tp.moses_detokenize(lines, self.settings["target_lang"])
+        return lines
+
+    # decoding
+
+    def translate_segmented(self, sources, beam=None, lenpen=None, max_len_a=None, max_len_b=None,
+                            batch_size=32, progress=None):
+        """Subword token lists -> output subword token lists, in input order, as fairseq-generate decodes.
+
+        Sentences are decoded longest first in batches of ``batch_size``; each batch may produce up to
+        ``max_len_a * (longest source + </s>) + max_len_b`` tokens, as fairseq-generate allows."""
+        d = self.decoding
+        beam, lenpen = beam or d["beam"], d["lenpen"] if lenpen is None else lenpen
+        a = d["max_len_a"] if max_len_a is None else max_len_a
+        b = d["max_len_b"] if max_len_b is None else max_len_b
+        order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+        outputs = [None] * len(sources)
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            limit = max(1, int(a * (max(len(sources[i]) for i in batch) + 1) + b))
+            results = self.translator.translate_batch(
+                [sources[i] for i in batch], beam_size=beam, num_hypotheses=beam, length_penalty=lenpen,
+                max_decoding_length=limit, max_input_length=0)
+            for i, result in zip(batch, results):
+                outputs[i] = self.best_hypothesis(sources[i], result.hypotheses, limit, lenpen)
+            if progress:
+                progress(min(start + batch_size, len(order)), len(order))
+        return outputs
+
+    def best_hypothesis(self, source, hypotheses, limit, lenpen):
+        """CTranslate2's best, except where the length limit was reached: there fairseq ends each hypothesis
+        with a forced </s> and ranks by (log-prob including that </s>) / (length + 1)^lenpen, while
+        CTranslate2 stops without it; the n-best are then rescored as fairseq scores them."""
+        if all(len(h) < limit for h in hypotheses):
+            return hypotheses[0]
+        scored = self.translator.score_batch([source] * len(hypotheses), hypotheses, max_input_length=0)
+        fairseq_scores = [sum(r.log_probs) / len(r.log_probs) ** lenpen for r in scored]
+        return hypotheses[max(range(len(hypotheses)), key=fairseq_scores.__getitem__)]
+
+    def translate(self, lines, batch_size=32, progress=None, **decoding):
+        """Raw sentences -> detokenised translations."""
+        outputs = self.translate_segmented(self.segment(lines), batch_size=batch_size, progress=progress, **decoding)
+        return self.detokenize([self.desegment(tokens) for tokens in outputs])
+
+
+def remove_segmentation(text, segmentation):
+    """fairseq-generate's ``--remove-bpe`` (fairseq.data.data_utils.post_process with ``subword_nmt`` or
+    ``sentencepiece``), without importing fairseq and torch into a CTranslate2 translator."""
+    if segmentation == "bpe":
+        return (text + " ").replace("@@ ", "").rstrip()
+    return text.replace(" ", "").replace("\u2581", " ").strip()
+
+
+def stderr_progress(every=10):
+    """A progress callback printing ``translated N/M sentences (S sent/s)`` every ``every`` batches."""
+    start, calls = time.time(), [0]
+
+    def progress(done, total):
+        calls[0] += 1
+        if calls[0] % every == 0 or done == total:
+            rate = done / max(time.time() - start, 1e-9)
+            print(f"[translate] {done}/{total} sentences ({rate:.1f} sentences/s)", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.translate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir")
+    parser.add_argument("--beam", type=int, help="beam size (default: the setup's eval.beam)")
+    parser.add_argument("--lenpen", type=float, help="length penalty (default: the setup's eval.lenpen)")
+    parser.add_argument("--max-len-a", type=float, help="maximum output length a * source length + b")
+    parser.add_argument("--max-len-b", type=int)
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compute-type", default="default",
+                        help="CTranslate2 compute type (default: the model's; e.g. int8, float16)")
+    parser.add_argument("--input", help="read this file instead of stdin")
+    parser.add_argument("--output", help="write this file instead of stdout")
+    args = parser.parse_args(argv)
+    try:
+        translator = DeployedTranslator(args.model_dir, device=args.device, threads=args.threads,
+                                        compute_type=args.compute_type)
+        lines = tp.read_lines(args.input) if args.input else sys.stdin.read().splitlines()
+        start = time.time()
+        translations = translator.translate(lines, batch_size=args.batch_size, progress=stderr_progress(),
+                                            beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
+                                            max_len_b=args.max_len_b)
+    except tp.DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.output:
+        tp.write_lines(args.output, translations)
+    else:
+        sys.stdout.write("".join(line + "\n" for line in translations))
+    print(f"[translate] {len(lines)} sentences in {time.time() - start:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

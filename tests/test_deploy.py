@@ -1,0 +1,305 @@
+"""Deployment (docs/deploy.md): exact export to fairseq's ``transformer`` and to CTranslate2, translation.
+
+A Multi30k slice (1,500 training pairs, 120 test sentences, 1,000 BPE merges) is prepared by the
+shipped scripts. The checkpoints are written in fairseq-train's format at initialisation, in-process
+(the export reads only a checkpoint's configuration and weights, and the fold is exact for any
+weights): a 2L-3L DeepNet (N != M, so the two stacks' alphas differ) with init gain beta = 1 instead
+of the paper's small beta, so that its beam-search output varies with the source (a DeepNet trained
+for a few hundred updates here still gives one sentence for every source), a Pre-LN model, a DeepNet
+LM and an unsupported architecture. A DeepNet trained by the whole pipeline is exported and checked
+on all of Multi30k's test2016 by benchmarks/deploy.py. Decoding settings are fixed (beam 5, at most
+40 tokens) so that batching cannot change a hypothesis.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import BIN, ROOT, USER_DIR, run
+
+from deepnet_fairseq import export
+from deepnet_fairseq.setups import textprep as tp
+
+SCRIPTS = ROOT / "scripts"
+TEST_SENTENCES = 120
+BEAM, MAX_LEN = 5, 40
+DATA = ["data.layout=plain", "data.train=[train]", "data.valid=[valid]", "data.test=[test2016]", "prep.bpe_merges=1000"]
+EVAL = ["eval.average_last=1", "eval.beam=5", "eval.lenpen=1.0", "eval.max_len_a=0", f"eval.max_len_b={MAX_LEN}"]
+SMALL = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
+         "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+         "--share-all-embeddings"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, multi30k):
+    """The prepared slice, and a 2L-3L DeepNet checkpoint in a run folder as train_iwslt.sh lays it out."""
+    tmp = tmp_path_factory.mktemp("deploy")
+    raw = tmp / "raw"
+    raw.mkdir()
+    for stem, count in (("train", 1500), ("valid", 100), ("test2016", TEST_SENTENCES)):
+        for lang in ("de", "en"):
+            tp.write_lines(raw / f"{stem}.{lang}", tp.read_lines(multi30k / f"{stem}.{lang}")[:count])
+    args = DATA + [f"paths.work={tmp / 'work'}", f"paths.runs={tmp / 'runs'}", f"paths.results={tmp / 'results.jsonl'}"]
+    config = ROOT / "configs/iwslt14_de_en.yaml"
+    run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", raw, *args])
+    run(["bash", SCRIPTS / "binarize.sh", "--config", config, "--workers", "1", *args])
+    checkpoints = tmp / "runs/iwslt14_de_en/deepnet/2L-3L/checkpoints"
+    checkpoints.mkdir(parents=True)
+    in_process_checkpoint(checkpoints / "checkpoint_1_1.pt", tmp / "work/bin", [
+        "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL,
+        "--deepnorm-encoder-beta", "1", "--deepnorm-decoder-beta", "1"])
+    return {"tmp": tmp, "raw": raw, "work": tmp / "work", "bin": tmp / "work/bin", "config": config,
+            "args": args + EVAL, "run": checkpoints.parent, "checkpoint": checkpoints / "checkpoint_1_1.pt"}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def load(checkpoint, data):
+    from fairseq import checkpoint_utils
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data)})
+    task.load_dataset("test")
+    return models[0].eval(), task
+
+
+def whole_test_set(task):
+    dataset = task.dataset("test")
+    return dataset.collater([dataset[i] for i in range(len(dataset))])
+
+
+def reference_log_probs(model, batch):
+    """Per-sentence log-probabilities of the reference tokens (</s> included), teacher-forced."""
+    with torch.no_grad():
+        out = model(**batch["net_input"])
+        lprobs = model.get_normalized_probs(out, log_probs=True).gather(2, batch["target"][:, :, None])[:, :, 0]
+    pad = model.decoder.dictionary.pad()
+    return {int(i): lp[t.ne(pad)].numpy() for i, lp, t in zip(batch["id"], lprobs, batch["target"])}
+
+
+def beam_hypotheses(model, task, batch):
+    """fairseq's beam search (SequenceGenerator): sentence id -> best hypothesis as tokens (no </s>)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=BEAM, max_len_a=0, max_len_b=MAX_LEN)
+    with torch.no_grad():
+        hypos = generator.generate([model], batch)
+    dictionary = task.target_dictionary
+    return {int(i): [dictionary[t] for t in h[0]["tokens"][:-1]] for i, h in zip(batch["id"], hypos)}
+
+
+def max_difference(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def in_process_checkpoint(path, data, arch_args):
+    """A checkpoint in fairseq-train's format for a model at its initialisation (no training)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(data), "--user-dir", USER_DIR, *arch_args])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(1)
+    model = task.build_model(cfg.model)
+    torch.save({"args": None, "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                "model": model.state_dict(), "last_optimizer_state": {"state": {}, "param_groups": []},
+                "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "FairseqAdam",
+                                       "lr_scheduler_state": {}, "num_updates": 0}],
+                "extra_state": {"train_iterator": {"epoch": 1}}}, path)
+    return path
+
+
+def export_to(checkpoint, target, out, *extra):
+    assert export.main([str(checkpoint), "--to", target, str(out), *extra]) == 0
+    return out
+
+
+def assert_fold_exact(original_checkpoint, exported_checkpoint, data):
+    """Exported vs original: log-probs within 2e-4 (fp32), the same beam-5 hypotheses on every test sentence."""
+    original, task = load(original_checkpoint, data)
+    plain, plain_task = load(exported_checkpoint, data)
+    assert type(plain).__module__.startswith("fairseq.models.transformer")
+    batch = whole_test_set(task)
+    assert len(batch["id"]) >= 100
+    difference = max_difference(reference_log_probs(original, batch), reference_log_probs(plain, batch))
+    hypotheses = beam_hypotheses(original, task, batch)
+    assert beam_hypotheses(plain, plain_task, batch) == hypotheses
+    assert difference <= 2e-4
+    return difference, hypotheses
+
+
+# -- export to fairseq's transformer ------------------------------------------------------------
+
+def test_folded_deepnet_is_fairseq_transformer_with_same_scores_and_hypotheses(setup, tmp_path):
+    checkpoint = setup["checkpoint"]
+    exported = export_to(checkpoint, "transformer", tmp_path / "deepnet_as_transformer.pt")
+    difference, hypotheses = assert_fold_exact(checkpoint, exported, setup["bin"])
+    distinct = len({" ".join(h) for h in hypotheses.values()})
+    print(f"\nfolded 2L-3L DeepNet: max |log-prob diff| {difference:.2e}, {len(hypotheses)} identical "
+          f"hypotheses ({distinct} distinct)")
+    assert distinct >= 20  # outputs that depend on the source
+
+    # only plain containers, numbers, strings and tensors; nothing of the plugin
+    state = torch.load(exported, weights_only=True)
+    assert state["cfg"]["model"]["_name"] == "transformer" and state["args"] is None
+    assert state["cfg"]["common"]["user_dir"] is None and state["cfg"]["task"]["_name"] == "translation"
+    assert not [k for k in state["model"] if "deepnorm" in k]
+    assert not [k for k in state["cfg"]["model"] if "deepnorm" in k or "compile" in k]
+    assert "last_optimizer_state" not in state
+
+
+def test_exported_checkpoint_decodes_in_plain_fairseq_without_the_plugin(setup, tmp_path):
+    """One Python without the plugin and with torch's default (weights-only) loading:
+    ``TransformerModel.from_pretrained``, then fairseq-generate's entry point (no --user-dir)."""
+    checkpoint = setup["checkpoint"]
+    exported = export_to(checkpoint, "transformer", tmp_path / "model.pt")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
+    generate = ["fairseq-generate", str(setup["bin"]), "--path", str(exported), "--beam", str(BEAM), "--max-len-a", "0",
+                "--max-len-b", str(MAX_LEN), "--cpu", "--max-tokens", "4000", "--required-batch-size-multiple", "1"]
+    script = (f"import sys\nfrom fairseq.models.transformer import TransformerModel\n"
+              f"hub = TransformerModel.from_pretrained({str(tmp_path)!r}, checkpoint_file='model.pt', "
+              f"data_name_or_path={str(setup['bin'])!r})\n"
+              f"print('hub:', hub.translate('ein mann .', beam={BEAM}))\n"
+              f"sys.argv = {generate!r}\nfrom fairseq_cli.generate import cli_main\ncli_main()\n"
+              f"print('plugin imported:', 'deepnet_fairseq' in sys.modules)\n")
+    output = run([BIN / "python", "-c", script], env=env, cwd=tmp_path).stdout.splitlines()
+    assert output[-1] == "plugin imported: False" and output[0].startswith("hub: ") and output[0][5:].strip()
+    from_cli = {int(line.split("\t")[0][2:]): line.split("\t")[2].split() for line in output if line.startswith("H-")}
+    original, task = load(checkpoint, setup["bin"])
+    assert from_cli == beam_hypotheses(original, task, whole_test_set(task))
+
+
+def test_renamed_preln_is_fairseq_transformer_with_same_scores_and_hypotheses(setup, tmp_path):
+    checkpoint = in_process_checkpoint(tmp_path / "preln.pt", setup["bin"], [
+        "--arch", "preln_transformer_iwslt_de_en", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL])
+    exported = export_to(checkpoint, "transformer", tmp_path / "preln_as_transformer.pt")
+    model_cfg = torch.load(exported, weights_only=True)["cfg"]["model"]
+    assert model_cfg["encoder_normalize_before"] and model_cfg["decoder_normalize_before"]
+    difference, _ = assert_fold_exact(checkpoint, exported, setup["bin"])
+    assert difference == 0.0  # a rename: the same modules, the same weights
+
+
+def test_folded_deepnet_lm_is_fairseq_transformer_lm(setup, tmp_path):
+    from fairseq import checkpoint_utils
+
+    data = tmp_path / "lm_data"
+    data.mkdir()
+    (data / "dict.txt").write_text((setup["bin"] / "dict.en.txt").read_text())
+    checkpoint = in_process_checkpoint(tmp_path / "lm.pt", data, [
+        "--task", "language_modeling", "--arch", "deepnet_transformer_lm", "--decoder-layers", "3",
+        "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "2",
+        "--tokens-per-sample", "64"])
+    exported = export_to(checkpoint, "transformer", tmp_path / "lm_plain.pt")
+    assert torch.load(exported, weights_only=True)["cfg"]["model"]["_name"] == "transformer_lm"
+    (original,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    (plain,), _, _ = checkpoint_utils.load_model_ensemble_and_task([str(exported)])
+    assert type(plain).__name__ == "TransformerLanguageModel"
+    lines = tp.read_lines(setup["raw"] / "test2016.en")[:20]
+    tokens = [task.dictionary.encode_line(line.lower(), add_if_not_exist=False).long() for line in lines]
+    with torch.no_grad():
+        for sentence in tokens:
+            a, b = (m.get_normalized_probs(m(sentence[None]), log_probs=True) for m in (original.eval(), plain.eval()))
+            assert (a - b).abs().max() <= 2e-4
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+def test_unsupported_architecture_and_bad_files_are_refused_in_one_line(setup, tmp_path, capsys):
+    admin = in_process_checkpoint(tmp_path / "admin.pt", setup["bin"], [
+        "--arch", "admin_transformer", "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"])
+    truncated = tmp_path / "truncated.pt"
+    data = (setup["checkpoint"]).read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    foreign = tmp_path / "weights.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    expected = {admin: "architecture 'admin_transformer' (admin_transformer) has no exact equivalent in plain fairseq",
+                truncated: "truncated or not a torch checkpoint",
+                foreign: "not a fairseq checkpoint (no 'model' entry"}
+    for checkpoint, message in expected.items():
+        capsys.readouterr()
+        assert export.main([str(checkpoint), "--to", "transformer", str(tmp_path / "out.pt")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {checkpoint}: ") and message in err and "\n" not in err, err
+    assert not (tmp_path / "out.pt").exists()
+    proc = run(["bash", SCRIPTS / "export.sh", truncated, "--to", "ctranslate2", tmp_path / "ct2"], check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {truncated}: truncated or not a torch checkpoint ({len(data) // 2} bytes; File is not a zip file)"]
+
+
+# -- CTranslate2 --------------------------------------------------------------------------------
+
+def test_ctranslate2_model_is_exact_for_deepnet(setup, tmp_path):
+    """One global LayerNorm eps (1e-5/alpha_dec^2) with the encoder's stream rescaled: scores within 1e-4
+    of the original DeepNet, the same beam-5 hypotheses."""
+    from deepnet_fairseq.translate import DeployedTranslator
+
+    checkpoint = setup["checkpoint"]
+    model_dir = export_to(checkpoint, "ctranslate2", tmp_path / "ct2")
+    settings = json.loads((model_dir / "deploy.json").read_text())
+    alphas = settings["exported_from"]["deepnorm_alpha"]
+    assert alphas["encoder"] != alphas["decoder"]  # N != M: the rescaling matters
+    assert settings["layer_norm_epsilon"] == pytest.approx(1e-5 / alphas["decoder"] ** 2)
+    original, task = load(checkpoint, setup["bin"])
+    batch = whole_test_set(task)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    pad = src_dict.pad()
+    sources = {int(i): [src_dict[t] for t in s[s.ne(pad)][:-1]] for i, s in zip(batch["id"], batch["net_input"]["src_tokens"])}
+    targets = {int(i): [tgt_dict[x] for x in t[t.ne(pad)][:-1]] for i, t in zip(batch["id"], batch["target"])}
+    ids = sorted(sources)
+    translator = DeployedTranslator(model_dir)
+    scored = translator.translator.score_batch([sources[i] for i in ids], [targets[i] for i in ids])
+    ct2_log_probs = {i: np.array(r.log_probs) for i, r in zip(ids, scored)}
+    difference = max_difference(ct2_log_probs, reference_log_probs(original, batch))
+    outputs = translator.translate_segmented([sources[i] for i in ids], beam=BEAM, lenpen=1.0, max_len_a=0,
+                                             max_len_b=MAX_LEN)
+    print(f"\nCTranslate2 vs original DeepNet: max |log-prob diff| {difference:.2e}")
+    assert difference <= 1e-4
+    assert dict(zip(ids, outputs)) == beam_hypotheses(original, task, batch)
+
+
+def test_evaluate_with_ctranslate2_gives_fairseqs_hypotheses_and_bleu(setup):
+    from deepnet_fairseq.setups import evaluate
+
+    common = [str(setup["config"]), *setup["args"], "--arch", "deepnet", "--layers", "2,3", "--cpu"]
+    assert evaluate.main(common) == 0
+    out = setup["run"] / "eval"
+    fairseq_scores, fairseq_hyps = json.loads((out / "scores.json").read_text()), tp.read_lines(out / "hyp.en")
+    assert evaluate.main(common + ["--engine", "ctranslate2"]) == 0
+    ct2_scores, ct2_hyps = json.loads((out / "scores.json").read_text()), tp.read_lines(out / "hyp.en")
+    assert ct2_scores["engine"] == "ctranslate2" and fairseq_scores["engine"] == "fairseq"
+    assert ct2_hyps == fairseq_hyps
+    assert ct2_scores["bleu"] == fairseq_scores["bleu"] and ct2_scores["signature"] == fairseq_scores["signature"]
+    print(f"\nevaluate: BLEU {fairseq_scores['bleu']} with either engine ({fairseq_scores['signature']})")
+
+
+def test_ctranslate2_directory_translates_raw_text_end_to_end(setup):
+    """Raw German in, detokenised English out, through the averaged model's directory: the same sentences
+    fairseq-generate produced for the prepared test set, detokenised."""
+    model_dir = setup["run"] / "eval/ctranslate2"
+    if not (model_dir / "deploy.json").exists():  # written by the evaluate test; make it when run alone
+        test_evaluate_with_ctranslate2_gives_fairseqs_hypotheses_and_bleu(setup)
+    raw = setup["raw"] / "test2016.de"
+    proc = run([BIN / "python", "-m", "deepnet_fairseq.translate", model_dir, "--batch-size", "16"],
+               input=raw.read_text(encoding="utf-8"))
+    translations = proc.stdout.splitlines()
+    expected = tp.moses_detokenize(tp.read_lines(setup["run"] / "eval/hyp.en"), "en")
+    assert translations == expected and len(translations) == TEST_SENTENCES
+    assert not any("@@" in line or "&apos;" in line for line in translations)
+    assert f"{TEST_SENTENCES}/{TEST_SENTENCES} sentences" in proc.stderr
+
+
+def test_bpe_removal_is_fairseqs():
+    from fairseq.data.data_utils import post_process
+
+    from deepnet_fairseq.translate import remove_segmentation
+
+    for text, kind, symbol in (("ein@@ e kat@@ ze sit@@ zt .", "bpe", "subword_nmt"), ("ab@@", "bpe", "subword_nmt"),
+                               ("\u2581ein e \u2581katze \u2581.", "sentencepiece", "sentencepiece")):
+        assert remove_segmentation(text, kind) == post_process(text, symbol)
