@@ -133,7 +133,8 @@ def run_cell(args, data, method, depth, lr, warmup):
     run = Namespace(out=args.out, tiny=True, bleu=False, max_tokens=args.max_tokens, updates=args.updates, lr=lr,
                     warmup=warmup, extra=list(extra),
                     diag=["--divergence-guard", "--diag-update-norm-interval", str(args.probe_every),
-                          "--diag-source-dependence-interval", str(args.probe_every)])
+                          "--diag-source-dependence-interval", str(args.probe_every),
+                          *getattr(args, "extra_diag", [])])
     name = f"{method}_L{depth}_lr{lr:g}_w{warmup}_s{args.seed}"
     result = sweep.train_one(run, data, arch, depth, args.seed, name=name)
     curves = read_curves(Path(args.out) / "runs" / name)

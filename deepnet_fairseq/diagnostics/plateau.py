@@ -1,0 +1,126 @@
+"""What keeps a model on the source-ignoring plateau: a few stability-map cells rerun with every hook.
+
+    python -m deepnet_fairseq.diagnostics.plateau --data BIN --out DIR [--methods deepnet,preln]
+        [--depth 6] [--lrs 1e-3,4e-3] [--warmup 100] [--updates 400] [--figure docs/figures/plateau.png]
+
+Each run is the stability map's cell (``stability_map.run_cell``: same data, shape, seed and batches)
+with the per-sublayer gradient norms and LayerNorm inputs on as well, and ``src_dep`` / ``xattn_<i>``
+and the update norm every ``--probe-every`` updates. The figure and the printed table show, per run,
+over updates: the training loss, ``src_dep`` (bits per target token the true source saves), the
+decoder's cross-attention output against the residual stream it joins (mean over layers of
+``xattn_<i>``), and the share of the gradient that reaches the cross-attention sublayers
+(``sum_i gnorm_dec<i>_cross^2 / gnorm_total^2``).
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+if __package__:
+    from . import stability_map, sweep
+    from .figures import read_curves
+    from .plots import save_figure
+else:
+    import stability_map
+    import sweep
+    from figures import read_curves
+    from plots import save_figure
+
+HOOKS = ["--diag-grad-norms", "--diag-ln-inputs"]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m deepnet_fairseq.diagnostics.plateau", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="binarised data (the stability map's)")
+    p.add_argument("--out", required=True, help="work folder (finished runs are kept and skipped)")
+    p.add_argument("--methods", default="deepnet,preln")
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--lrs", default="1e-3,4e-3")
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--updates", type=int, default=400)
+    p.add_argument("--max-tokens", type=int, default=1000)
+    p.add_argument("--probe-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--figure", help="write the figure here (PNG)")
+    args = p.parse_args(argv)
+    args.methods = sweep.parse_list(args.methods, str, "--methods")
+    args.lrs = sweep.parse_list(args.lrs, float, "--lrs")
+    return args
+
+
+def series(curves):
+    """{name: {update: value}} of the four quantities the figure shows."""
+    cross = {}
+    for key, values in curves.items():
+        if key.startswith("xattn_"):
+            for u, v in values.items():
+                cross.setdefault(u, []).append(v)
+    share = {}
+    total = curves.get("gnorm_total", {})
+    for u, t in total.items():
+        parts = [v[u] for k, v in curves.items() if k.startswith("gnorm_dec") and k.endswith("_cross") and u in v]
+        if parts and t > 0:
+            share[u] = sum(x * x for x in parts) / (t * t)
+    return {"train loss (bits)": curves.get("loss", {}), "src_dep (bits/token)": curves.get("src_dep", {}),
+            "cross-attention / residual": {u: sum(v) / len(v) for u, v in cross.items()},
+            "gradient share of cross-attention": share,
+            "update norm": curves.get("update_norm", {})}
+
+
+def at(values, update):
+    keys = [u for u in values if u <= update]
+    return values[max(keys)] if keys else math.nan
+
+
+def main(argv=None):
+    from concurrent.futures import ThreadPoolExecutor
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cell_args = argparse.Namespace(out=args.out, max_tokens=args.max_tokens, updates=args.updates,
+                                   probe_every=args.probe_every, seed=args.seed, extra_diag=HOOKS)
+    cells = [(m, args.depth, lr, args.warmup) for lr in args.lrs for m in args.methods]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        done = list(pool.map(lambda cell: stability_map.run_cell(cell_args, Path(args.data), *cell), cells))
+    runs = {f"{stability_map.LABELS[m]}, lr {lr:g}": series(read_curves(Path(args.out) / "runs" / name))
+            for (m, _, lr, _), (name, _, _) in zip(cells, done)}
+    marks = sorted({u for u in (args.updates // 8, args.updates // 4, args.updates // 2) if u > 0} | {args.updates})
+    print(f"{args.depth}L-{args.depth}L, warm-up {args.warmup}: value at (or last logged before) update u")
+    for quantity in next(iter(runs.values())):
+        print(f"  {quantity}")
+        for label, values in runs.items():
+            print(f"    {label:28s}" + "".join(f"  u={u}: {at(values[quantity], u):8.4f}" for u in marks))
+    if args.figure:
+        print(f"wrote {figure(runs, args, Path(args.figure))}")
+
+
+def figure(runs, args, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    quantities = list(next(iter(runs.values())))
+    fig, axes = plt.subplots(1, len(quantities), figsize=(3.6 * len(quantities), 3.4))
+    for ax, quantity in zip(axes, quantities):
+        for label, values in runs.items():
+            xs = sorted(values[quantity])
+            ax.plot(xs, [values[quantity][u] for u in xs], label=label, lw=1.2)
+        ax.set_title(quantity, fontsize=9)
+        ax.set_xlabel("update")
+        ax.grid(alpha=0.3)
+        if quantity != "src_dep (bits/token)":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{args.depth}L-{args.depth}L 64-128-2, warm-up {args.warmup}: a run that stalls against one "
+                 "that trains", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    main()
