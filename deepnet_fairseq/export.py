@@ -228,12 +228,8 @@ def to_plain_fairseq(state, source="checkpoint"):
         weights, alphas = fold_deepnorm_alpha(state["model"])
     else:
         weights, alphas = dict(state["model"]), {"encoder": None, "decoder": None}
-    if not lm:
-        alphas = {stack: alpha or 1.0 for stack, alpha in alphas.items()}
-    elif alphas["decoder"] is None:
-        alphas = {"decoder": 1.0}
-    else:
-        alphas = {"decoder": alphas["decoder"]}
+    # 1.0 where there is no DeepNorm: that stack's LayerNorm eps is exact as it is
+    alphas = {stack: alphas[stack] or 1.0 for stack in (("decoder",) if lm else ("encoder", "decoder"))}
     normalize_before = bool(options.get("decoder_normalize_before", False))
     if not lm and normalize_before != bool(options.get("encoder_normalize_before", False)):
         raise ExportError(f"{source}: encoder and decoder differ in --*-normalize-before; no plain equivalent")
@@ -304,12 +300,11 @@ def equalise_layer_norm_eps(model, scale):
 def ctranslate2_spec(exported, dict_dir):
     """CTranslate2's model spec for an exported encoder-decoder checkpoint, exact for DeepNet."""
     from ctranslate2.converters import fairseq as ct2_fairseq
-    from ctranslate2.specs import transformer_spec
 
     if exported["cfg"]["model"]["_name"] != "transformer":
         raise ExportError("CTranslate2 export: translation models (encoder-decoder) only")
     model, task, cfg = build_plain_model(exported, dict_dir)
-    alphas = exported.get("exported_from", {}).get("deepnorm_alpha") or {"encoder": 1.0, "decoder": 1.0}
+    alphas = exported["exported_from"]["deepnorm_alpha"]
     eps = model.decoder.layers[0].final_layer_norm.eps  # fairseq's LayerNorm eps
     if alphas["encoder"] != alphas["decoder"]:
         equalise_layer_norm_eps(model, alphas["encoder"] / alphas["decoder"])
@@ -321,9 +316,7 @@ def ctranslate2_spec(exported, dict_dir):
     spec.config.decoder_start_token = spec.config.eos_token  # fairseq starts decoding with </s>
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = eps / alphas["decoder"] ** 2
-    if isinstance(spec, transformer_spec.TransformerSpec):
-        return spec, task
-    raise ExportError("CTranslate2 export: unexpected model spec")
+    return spec, task
 
 
 def find_work_dir(cfg, work=None):

@@ -64,38 +64,53 @@ class DeployedTranslator:
     # decoding
 
     def translate_segmented(self, sources, beam=None, lenpen=None, max_len_a=None, max_len_b=None,
-                            batch_size=32, progress=None):
+                            batch_size=32, batches=None, progress=None):
         """Subword token lists -> output subword token lists, in input order, as fairseq-generate decodes.
 
-        Sentences are decoded longest first in batches of ``batch_size``; each batch may produce up to
-        ``max_len_a * (longest source + </s>) + max_len_b`` tokens, as fairseq-generate allows."""
+        As in fairseq-generate, the sentences of a batch may produce at most ``max_len_a * (the batch's
+        longest source + </s>) + max_len_b`` tokens. ``batches`` (lists of indices) sets those batches
+        (give fairseq-generate's to get its hypotheses exactly); by default they are ``batch_size``
+        sentences, longest first. Each batch is decoded ``batch_size`` sentences at a time."""
         d = self.decoding
         beam, lenpen = beam or d["beam"], d["lenpen"] if lenpen is None else lenpen
         a = d["max_len_a"] if max_len_a is None else max_len_a
         b = d["max_len_b"] if max_len_b is None else max_len_b
-        order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
-        outputs = [None] * len(sources)
-        for start in range(0, len(order), batch_size):
-            batch = order[start:start + batch_size]
+        if batches is None:
+            order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+            batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+        outputs, done = [None] * len(sources), 0
+        for batch in batches:
             limit = max(1, int(a * (max(len(sources[i]) for i in batch) + 1) + b))
-            results = self.translator.translate_batch(
-                [sources[i] for i in batch], beam_size=beam, num_hypotheses=beam, length_penalty=lenpen,
-                max_decoding_length=limit, max_input_length=0)
-            for i, result in zip(batch, results):
-                outputs[i] = self.best_hypothesis(sources[i], result.hypotheses, limit, lenpen)
-            if progress:
-                progress(min(start + batch_size, len(order)), len(order))
+            batch = sorted(batch, key=lambda i: -len(sources[i]))
+            for chunk in (batch[start:start + batch_size] for start in range(0, len(batch), batch_size)):
+                chunk_sources = [sources[i] for i in chunk]
+                results = self.translator.translate_batch(
+                    chunk_sources, beam_size=beam, num_hypotheses=beam, length_penalty=lenpen,
+                    max_decoding_length=limit, max_input_length=0)
+                best = self.best_hypotheses(chunk_sources, [r.hypotheses for r in results], limit, lenpen)
+                for i, hypothesis in zip(chunk, best):
+                    outputs[i] = hypothesis
+                done += len(chunk)
+                if progress:
+                    progress(done, len(sources))
         return outputs
 
-    def best_hypothesis(self, source, hypotheses, limit, lenpen):
+    def best_hypotheses(self, sources, nbest, limit, lenpen):
         """CTranslate2's best, except where the length limit was reached: there fairseq ends each hypothesis
         with a forced </s> and ranks by (log-prob including that </s>) / (length + 1)^lenpen, while
-        CTranslate2 stops without it; the n-best are then rescored as fairseq scores them."""
-        if all(len(h) < limit for h in hypotheses):
-            return hypotheses[0]
-        scored = self.translator.score_batch([source] * len(hypotheses), hypotheses, max_input_length=0)
-        fairseq_scores = [sum(r.log_probs) / len(r.log_probs) ** lenpen for r in scored]
-        return hypotheses[max(range(len(hypotheses)), key=fairseq_scores.__getitem__)]
+        CTranslate2 stops without it; those n-best lists are rescored as fairseq scores them."""
+        best = [hypotheses[0] for hypotheses in nbest]
+        limited = [j for j, hypotheses in enumerate(nbest) if any(len(h) >= limit for h in hypotheses)]
+        pairs = [(j, h) for j in limited for h in nbest[j]]
+        if not pairs:
+            return best
+        scored = self.translator.score_batch([sources[j] for j, _ in pairs], [h for _, h in pairs], max_input_length=0)
+        best_score = {}
+        for (j, hypothesis), result in zip(pairs, scored):
+            score = sum(result.log_probs) / len(result.log_probs) ** lenpen  # log_probs include </s>
+            if score > best_score.get(j, -float("inf")):
+                best_score[j], best[j] = score, hypothesis
+        return best
 
     def translate(self, lines, batch_size=32, progress=None, **decoding):
         """Raw sentences -> detokenised translations."""

@@ -34,11 +34,13 @@ def bleu(hyps, refs, tokenize, lowercase=False):
     return round(metric.corpus_score(hyps, [refs]).score, 2), str(metric.get_signature())
 
 
-def generate(cfg, checkpoint, gen_args, cpu, log_path):
-    """Run fairseq-generate; returns the hypotheses ordered by sentence id."""
+def generate(cfg, checkpoint, gen_args, cpu, log_path, plugin=True):
+    """Run fairseq-generate (with ``--user-dir deepnet_fairseq`` unless ``plugin`` is False); returns the
+    hypotheses ordered by sentence id."""
     program = str(BIN_DIR / "fairseq-generate") if (BIN_DIR / "fairseq-generate").exists() else "fairseq-generate"
     ev = cfg["eval"]
-    cmd = [program, str(Path(cfg["paths"]["work"]) / "bin"), "--user-dir", str(PACKAGE_DIR), "--path", str(checkpoint),
+    cmd = [program, str(Path(cfg["paths"]["work"]) / "bin")] + (["--user-dir", str(PACKAGE_DIR)] if plugin else []) + [
+           "--path", str(checkpoint),
            "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
            "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"]),
            # fairseq 0.12's batch_by_size drops a last batch whose size is not a multiple of 8 otherwise
@@ -73,7 +75,30 @@ def ctranslate2_hypotheses(cfg, checkpoint, out):
     print(f"[evaluate] CTranslate2 model: {model_dir}", flush=True)
     translator = DeployedTranslator(model_dir)
     sources = [line.split() for line in tp.read_lines(work / "bpe" / f"test.{src}")]
-    return [translator.desegment(tokens) for tokens in translator.translate_segmented(sources)]
+    outputs = translator.translate_segmented(sources, batches=fairseq_generate_batches(cfg))
+    return [translator.desegment(tokens) for tokens in outputs]
+
+
+def fairseq_generate_batches(cfg):
+    """The test set's sentence ids in fairseq-generate's batches (fairseq's own batching, eval.max_tokens).
+
+    fairseq-generate's length limit is ``max_len_a * (the batch's longest source) + max_len_b``, so the
+    same batches give CTranslate2 the same limit for every sentence."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    data, ev = cfg["data"], cfg["eval"]
+    parser = options.get_generation_parser()
+    gen = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, [
+        str(Path(cfg["paths"]["work"]) / "bin"), "--source-lang", data["source_lang"], "--target-lang",
+        data["target_lang"], "--gen-subset", ev["subset"], "--max-tokens", str(ev["max_tokens"]),
+        "--required-batch-size-multiple", "1"]))
+    task = tasks.setup_task(gen.task)
+    task.load_dataset(ev["subset"], task_cfg=gen.task)
+    iterator = task.get_batch_iterator(  # as fairseq_cli/generate.py asks for it
+        dataset=task.dataset(ev["subset"]), max_tokens=gen.dataset.max_tokens, max_sentences=gen.dataset.batch_size,
+        max_positions=task.max_positions(), required_batch_size_multiple=1, seed=gen.common.seed)
+    return [batch["id"].tolist() for batch in iterator.next_epoch_itr(shuffle=False)]
 
 
 def evaluate_bilingual(cfg, checkpoint, cpu, out, engine="fairseq"):

@@ -1,0 +1,129 @@
+"""Deployment speed: fairseq-generate vs CTranslate2 (float32 and int8) on a trained run, with BLEU.
+
+    .venv/bin/python -m benchmarks.deploy --run-dir RUN --config configs/iwslt14_de_en.yaml [key=value ...]
+
+RUN is a run folder of the shipped pipeline (docs/deploy.md has the commands that trained the one
+measured). Its last ``eval.average_last`` checkpoints are averaged as ``scripts/evaluate.sh`` does;
+the average is exported to CTranslate2 at float32 and int8 (``deepnet_fairseq.export``) and to
+fairseq's ``transformer``. Then, in ``--rounds`` rounds with the order rotated each round, the
+BPE-segmented test set is decoded, one thread, with the setup's eval settings (beam, length
+penalty, maximum length):
+
+- ``fairseq``: ``fairseq-generate --user-dir deepnet_fairseq`` on the averaged DeepNet checkpoint
+  (what ``scripts/evaluate.sh`` runs); speed = its own "Translated N sentences in T s" (model loading
+  and data reading excluded);
+- ``ct2_float32``, ``ct2_int8``: ``DeployedTranslator.translate_segmented`` on fairseq-generate's
+  batches (what ``evaluate.sh --engine ctranslate2`` runs), timed around the call (model loading
+  excluded).
+
+Once, untimed: ``fairseq-generate`` without the plugin on the exported ``transformer`` checkpoint.
+Each engine's hypotheses are scored with the setup's metric (evaluate.py's ``bleu``), and compared
+sentence by sentence with fairseq's. Writes ``benchmarks/results/deploy_cpu.json``.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from deepnet_fairseq import export  # noqa: E402
+from deepnet_fairseq.setups import textprep as tp  # noqa: E402
+from deepnet_fairseq.setups.average import average_checkpoints, last_checkpoints  # noqa: E402
+from deepnet_fairseq.setups.config import load  # noqa: E402
+from deepnet_fairseq.setups.evaluate import bleu, fairseq_generate_batches, generate  # noqa: E402
+from deepnet_fairseq.translate import DeployedTranslator  # noqa: E402
+
+from .common import ROOT, machine, write_json  # noqa: E402
+
+SPEED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
+
+
+def fairseq_engine(cfg, checkpoint, log, plugin=True):
+    """(hypotheses, seconds) of fairseq-generate, timed by fairseq-generate itself."""
+    src, tgt = cfg["data"]["source_lang"], cfg["data"]["target_lang"]
+    hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], True, log, plugin)
+    return hyps, float(SPEED.search(log.read_text()).group(3))
+
+
+def ct2_engine(translator, sources, batches):
+    start = time.perf_counter()
+    outputs = translator.translate_segmented(sources, batches=batches)
+    seconds = time.perf_counter() - start
+    return [translator.desegment(tokens) for tokens in outputs], seconds
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("overrides", nargs="*", help="section.key=value, as given to the pipeline's scripts")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/deploy_cpu.json"))
+    args = parser.parse_args(argv)
+    cfg = load(args.config, args.overrides)
+    run_dir, work = Path(args.run_dir), Path(cfg["paths"]["work"])
+    scratch = run_dir / "deploy_bench"
+    scratch.mkdir(exist_ok=True)
+    chosen = last_checkpoints(run_dir / "checkpoints", cfg["eval"]["average_last"])
+    averaged = average_checkpoints(chosen, scratch / f"averaged_last{len(chosen)}.pt")
+    exported = export.to_plain_fairseq(export.read_checkpoint(averaged), str(averaged))
+    export.save_atomic(exported, scratch / "transformer.pt")
+    translators = {}
+    for name, quantization in (("ct2_float32", None), ("ct2_int8", "int8")):
+        model_dir = export.to_ctranslate2(exported, scratch / name, work, quantization, run_config=cfg)
+        translators[name] = DeployedTranslator(model_dir, threads=1)
+    src, tgt = cfg["data"]["source_lang"], cfg["data"]["target_lang"]
+    sources = [line.split() for line in tp.read_lines(work / "bpe" / f"test.{src}")]
+    refs = tp.read_lines(work / "tok" / f"test.{tgt}")
+    batches = fairseq_generate_batches(cfg)  # the same batches (and so length limits) as fairseq-generate
+
+    engines = ["fairseq", "ct2_float32", "ct2_int8"]
+    seconds = {name: [] for name in engines}
+    hyps = {}
+    for round_index in range(args.rounds):
+        order = engines[round_index % len(engines):] + engines[:round_index % len(engines)]
+        for name in order:
+            if name == "fairseq":
+                hyps[name], spent = fairseq_engine(cfg, averaged, scratch / "generate.log")
+            else:
+                hyps[name], spent = ct2_engine(translators[name], sources, batches)
+            seconds[name].append(spent)
+            print(f"[deploy] round {round_index + 1} {name}: {len(sources) / spent:.1f} sentences/s", flush=True)
+    hyps["fairseq_plain_transformer"], _ = fairseq_engine(cfg, scratch / "transformer.pt",
+                                                          scratch / "generate_plain.log", plugin=False)
+
+    results = {}
+    for name in engines + ["fairseq_plain_transformer"]:
+        score, signature = bleu(hyps[name], refs, tokenize="none")
+        row = {"bleu": score, "signature": signature,
+               "same_hypotheses_as_fairseq": sum(a == b for a, b in zip(hyps[name], hyps["fairseq"]))}
+        if name in seconds:
+            row["sentences_per_s"] = [round(len(sources) / s, 2) for s in seconds[name]]
+            row["median_sentences_per_s"] = round(len(sources) / statistics.median(seconds[name]), 2)
+        results[name] = row
+    base = results["fairseq"]["median_sentences_per_s"]
+    for name in ("ct2_float32", "ct2_int8"):
+        results[name]["speedup_vs_fairseq"] = round(results[name]["median_sentences_per_s"] / base, 2)
+    payload = {
+        "what": "beam search on the test set, one thread: fairseq-generate vs CTranslate2 (docs/deploy.md)",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.deploy " + " ".join(sys.argv[1:] if argv is None else argv),
+        "run_dir": str(run_dir), "averaged": [p.name for p in chosen], "sentences": len(sources),
+        "decoding": {k: cfg["eval"][k] for k in ("beam", "lenpen", "max_len_a", "max_len_b", "max_tokens")},
+        "batches": len(batches), "rounds": args.rounds,
+        "deepnorm_alpha": exported["exported_from"]["deepnorm_alpha"],
+        "layer_norm_epsilon_ct2": json.loads((scratch / "ct2_float32" / "deploy.json").read_text())["layer_norm_epsilon"],
+        "machine": machine(), "load_average": os.getloadavg(), "results": results,
+    }
+    write_json(args.out, payload)
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
