@@ -194,7 +194,7 @@ def plain_cfg(cfg, model_cfg):
     return plain
 
 
-def check_plain(value, where="checkpoint"):
+def check_plain(value, where="exported"):
     """Raise unless ``value`` holds only what torch's weights-only unpickler loads without help."""
     if not isinstance(value, PLAIN_TYPES):
         raise ExportError(f"{where}: {type(value).__name__} is not a plain value")
@@ -214,14 +214,22 @@ SUPPORTED = ("deepnet_transformer", "deepnet_transformer_lm", "preln_transformer
 
 
 def to_plain_fairseq(state, source="checkpoint"):
-    """A plain fairseq checkpoint (dict) equivalent to ``state``; refuses what has no equivalent.
+    """A plain fairseq checkpoint (dict) equivalent to ``state``; refuses what has no equivalent with an
+    ``ExportError`` naming ``source``.
 
     ``exported_from`` records the source architecture and each stack's DeepNorm alpha: the folded
     model is exact with LayerNorm eps 1e-5/alpha^2 (CTranslate2's export uses it)."""
+    try:
+        return plain_fairseq_state(state)
+    except ExportError as err:
+        raise ExportError(f"{source}: {err}") from None
+
+
+def plain_fairseq_state(state):
     options = model_options(state["cfg"])
     name, arch = model_name(options)
     if name not in SUPPORTED:
-        raise ExportError(f"{source}: architecture '{arch}' ({name}) has no exact equivalent in plain fairseq; "
+        raise ExportError(f"architecture '{arch}' ({name}) has no exact equivalent in plain fairseq; "
                           f"export supports {', '.join(SUPPORTED)}")
     lm = name in ("deepnet_transformer_lm", "transformer_lm")
     if name.startswith("deepnet_"):
@@ -232,7 +240,7 @@ def to_plain_fairseq(state, source="checkpoint"):
     alphas = {stack: alphas[stack] or 1.0 for stack in (("decoder",) if lm else ("encoder", "decoder"))}
     normalize_before = bool(options.get("decoder_normalize_before", False))
     if not lm and normalize_before != bool(options.get("encoder_normalize_before", False)):
-        raise ExportError(f"{source}: encoder and decoder differ in --*-normalize-before; no plain equivalent")
+        raise ExportError("encoder and decoder differ in --*-normalize-before; no plain equivalent")
     plain_name = "transformer_lm" if lm else "transformer"
     cfg = plain_cfg(state["cfg"], plain_model_cfg(options, plain_name, normalize_before))
     history = (state.get("optimizer_history") or [{}])[-1]
@@ -247,7 +255,7 @@ def to_plain_fairseq(state, source="checkpoint"):
         "task_state": {},
         "exported_from": {"arch": arch, "deepnorm_alpha": alphas},
     }
-    check_plain(exported, source)
+    check_plain(exported)
     return exported
 
 

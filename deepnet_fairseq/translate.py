@@ -53,8 +53,12 @@ class DeployedTranslator:
         return [line.split() for line in lines]
 
     def desegment(self, tokens):
-        """Output subword tokens -> tokenised text (what the setup's tokenised BLEU scores)."""
-        return remove_segmentation(" ".join(tokens), self.settings["segmentation"])
+        """Output subword tokens -> tokenised text (what the setup's tokenised BLEU scores), as
+        fairseq-generate's ``--remove-bpe`` does."""
+        from fairseq.data.data_utils import post_process
+
+        symbol = "subword_nmt" if self.settings["segmentation"] == "bpe" else "sentencepiece"
+        return post_process(" ".join(tokens), symbol)
 
     def detokenize(self, lines):
         if self.settings["tokenizer"] == "moses":
@@ -116,14 +120,6 @@ class DeployedTranslator:
         """Raw sentences -> detokenised translations."""
         outputs = self.translate_segmented(self.segment(lines), batch_size=batch_size, progress=progress, **decoding)
         return self.detokenize([self.desegment(tokens) for tokens in outputs])
-
-
-def remove_segmentation(text, segmentation):
-    """fairseq-generate's ``--remove-bpe`` (fairseq.data.data_utils.post_process with ``subword_nmt`` or
-    ``sentencepiece``), without importing fairseq and torch into a CTranslate2 translator."""
-    if segmentation == "bpe":
-        return (text + " ").replace("@@ ", "").rstrip()
-    return text.replace(" ", "").replace("\u2581", " ").strip()
 
 
 def stderr_progress(every=10):

@@ -294,12 +294,3 @@ def test_ctranslate2_directory_translates_raw_text_end_to_end(setup):
     assert not any("@@" in line or "&apos;" in line for line in translations)
     assert f"{TEST_SENTENCES}/{TEST_SENTENCES} sentences" in proc.stderr
 
-
-def test_bpe_removal_is_fairseqs():
-    from fairseq.data.data_utils import post_process
-
-    from deepnet_fairseq.translate import remove_segmentation
-
-    for text, kind, symbol in (("ein@@ e kat@@ ze sit@@ zt .", "bpe", "subword_nmt"), ("ab@@", "bpe", "subword_nmt"),
-                               ("\u2581ein e \u2581katze \u2581.", "sentencepiece", "sentencepiece")):
-        assert remove_segmentation(text, kind) == post_process(text, symbol)
