@@ -20,11 +20,14 @@ install:
 demo: install
 	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)
 
+# one pytest-xdist worker per core; tests/conftest.py groups the tests and starts the longest first
+PARALLEL := -n auto --dist loadgroup --no-loadscope-reorder
+
 test: install
-	$(PY) -m pytest -q -m "not slow" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PARALLEL) -m "not slow" tests $(PYTEST_ARGS)
 
 test-all: install
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PARALLEL) tests $(PYTEST_ARGS)
 
 clean:
 	rm -rf demo_out .pytest_cache

@@ -1,6 +1,14 @@
-"""Shared fixtures: paths, a CLI runner, and a small binarised slice of real Multi30k de-en."""
+"""Shared fixtures: paths, a CLI runner, and a small binarised slice of real Multi30k de-en.
 
+``make test`` runs the suite on pytest-xdist's workers (``-n auto --dist loadgroup``): each worker runs
+the session fixtures it needs, so the costly ones build once under a file lock (``built_once``) and
+every module is one group (its module fixtures build once); see ``pytest_collection_modifyitems``.
+"""
+
+import fcntl
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +18,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 BIN = Path(sys.executable).parent  # the venv's bin: fairseq-train, fairseq-generate, ...
 USER_DIR = str(ROOT / "deepnet_fairseq")
@@ -34,6 +43,30 @@ def run(cmd, cwd=None, input=None, env=None, check=True):
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
                              f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
     return proc
+
+
+def built_once(tmp_path_factory, name, build):
+    """The folder ``name``, filled by ``build(folder)`` once per test session: the first pytest-xdist
+    worker to ask builds it under a lock, the others wait for it and reuse it."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the session's folder, above the workers' own
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+def free_port():
+    """A TCP port free on the loopback address now (for a gloo or torchrun master)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -64,14 +97,20 @@ def binarise_multi30k_slice(multi30k, work, splits):
 @pytest.fixture(scope="session")
 def multi30k_bin(tmp_path_factory, multi30k):
     """First 3000 training pairs (and 200 valid / 100 test) of Multi30k de-en, joined dictionary."""
-    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("multi30k"),
-                                   {"train": ("train", 3000), "valid": ("valid", 200), "test": ("test2016", 100)})
+    splits = {"train": ("train", 3000), "valid": ("valid", 200), "test": ("test2016", 100)}
+    work = built_once(tmp_path_factory, "multi30k", lambda work: binarise_multi30k_slice(multi30k, work, splits))
+    return work / "bin"
 
 
 @pytest.fixture(scope="session")
 def deepnet_run(tmp_path_factory, multi30k_bin):
-    """A 12L-12L d64 DeepNet trained 60 updates through the real fairseq-train CLI (shared by tests)."""
-    save = tmp_path_factory.mktemp("deepnet_run")
+    """A 12L-12L d64 DeepNet trained 60 updates through the real fairseq-train CLI (shared by tests):
+    (checkpoint folder, its output)."""
+    save = built_once(tmp_path_factory, "deepnet_run", lambda save: train_deepnet(multi30k_bin, save))
+    return save, (save / "train.log").read_text()
+
+
+def train_deepnet(multi30k_bin, save):
     proc = run([BIN / "fairseq-train", multi30k_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
                 "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "12", "--decoder-layers", "12",
                 *TINY_MODEL, "--share-all-embeddings", "--dropout", "0.1",
@@ -79,7 +118,38 @@ def deepnet_run(tmp_path_factory, multi30k_bin):
                 "--warmup-updates", "20", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
                 "--max-tokens", "1500", "--max-update", "60", "--save-dir", save, "--no-epoch-checkpoints",
                 "--log-format", "json", "--log-interval", "10", "--num-workers", "0"])
-    return save, proc.stdout + proc.stderr
+    (save / "train.log").write_text(proc.stdout + proc.stderr)
+
+
+# the IWSLT-14 setup on Multi30k de-en: plain text layout, 10k training lines, 3k BPE merges
+IWSLT_DATA = ["data.layout=plain", "data.test=[test2016]", "prep.max_train_lines=10000", "prep.bpe_merges=3000"]
+
+
+@pytest.fixture(scope="session")
+def iwslt_work(tmp_path_factory, multi30k):
+    """The IWSLT-14 setup's prepared and binarised text (its paths.work), made by its own scripts."""
+    def build(work):
+        args = [f"paths.work={work}", *IWSLT_DATA]
+        run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", multi30k, "--workers", "2", *args])
+        run(["bash", SCRIPTS / "binarize.sh", "--config", ROOT / "configs/iwslt14_de_en.yaml", "--workers", "2", *args])
+
+    return built_once(tmp_path_factory, "iwslt_work", build)
+
+
+# The groups that take longest (by --durations), started first so that no worker starts one at the end
+LONGEST_FIRST = ("opus", "iwslt", "test_diagnostics", "test_reliability_checkpoints", "test_two_nodes",
+                 "test_reliability_resume", "test_compile_layers", "wmt")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    def group(item):
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        return item.get_closest_marker("xdist_group").args[0]
+
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: the others keep their order
 
 
 def pytest_configure(config):

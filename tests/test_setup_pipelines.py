@@ -1,7 +1,7 @@
 """Setups end to end on real text, offline, through the scripts a user runs.
 
 - IWSLT-14 pipeline on Multi30k de-en (--raw-dir): prepare, binarise, train a tiny 4L-4L DeepNet,
-  average, generate, score; BLEU must beat copying the source; plus a 2-process gloo run.
+  average, generate, score; BLEU must beat copying the source (2-process and 2-node runs: test_two_nodes.py).
 - OPUS-100 pipeline on Multi30k de/en/fr (three-way parallel) in OPUS-100's layout: joint
   SentencePiece, language tokens, per-direction sacreBLEU table with the zero-shot de-fr / fr-de.
 - WMT-17 pipeline on a Multi30k slice with newstest2013/2014 as valid/test: compound-split BLEU.
@@ -13,13 +13,12 @@ import json
 import time
 
 import pytest
-from conftest import ROOT, SHARED_DATA, run
+from conftest import IWSLT_DATA, ROOT, SCRIPTS, SHARED_DATA, run
 
 from deepnet_fairseq.models.deepnorm import deepnorm_constants
 from deepnet_fairseq.setups import textprep as tp
 from deepnet_fairseq.setups.evaluate import bleu
 
-SCRIPTS = ROOT / "scripts"
 TINY = ["model.embed_dim=64", "model.ffn_dim=128", "model.heads=2", "model.share_all_embeddings=true",
         "model.share_decoder_input_output_embed=false", "train.dropout=0.0", "train.log_interval=50",
         "eval.max_len_a=1.2", "eval.max_len_b=10"]  # an undertrained model must not ramble for 200 tokens
@@ -42,32 +41,30 @@ def records(tmp):
 
 # -- IWSLT-14 ------------------------------------------------------------------------------------
 
-IWSLT_DATA = ["data.layout=plain", "data.test=[test2016]", "prep.max_train_lines=10000", "prep.bpe_merges=3000"]
 IWSLT_TRAIN = TINY + ["train.max_update=300", "train.warmup_updates=100", "train.lr=5e-3", "train.max_tokens=2048",
                       "train.batch_tokens=2048", "train.save_interval_updates=50", "train.validate_interval_updates=300",
                       "eval.average_last=3"]
 
 
 @pytest.fixture(scope="session")
-def iwslt(tmp_path_factory, multi30k):
+def iwslt(tmp_path_factory, iwslt_work):
     tmp = tmp_path_factory.mktemp("iwslt")
-    args = paths(tmp) + IWSLT_DATA
+    args = [f"paths.work={iwslt_work}", f"paths.runs={tmp / 'runs'}", f"paths.results={tmp / 'results.jsonl'}",
+            *IWSLT_DATA]
     stages = {}
-    timed(stages, "prepare", ["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", multi30k, "--workers", "2", *args])
-    timed(stages, "binarize", ["bash", SCRIPTS / "binarize.sh", "--config", ROOT / "configs/iwslt14_de_en.yaml",
-                               "--workers", "2", *args])
     timed(stages, "train", ["bash", SCRIPTS / "train_iwslt.sh", "--arch", "deepnet", "--layers", "4,4", "--cpu",
                             *args, *IWSLT_TRAIN])
     proc = timed(stages, "evaluate", ["bash", SCRIPTS / "evaluate.sh", "--config", ROOT / "configs/iwslt14_de_en.yaml",
                                       "--arch", "deepnet", "--layers", "4,4", "--cpu", *args, *IWSLT_TRAIN])
     print(f"\nIWSLT pipeline on Multi30k: stage wall times (s) {stages}\n{proc.stdout[-600:]}")
-    return {"tmp": tmp, "args": args, "run": tmp / "runs/iwslt14_de_en/deepnet/4L-4L", "stages": stages,
-            "eval_stdout": proc.stdout}
+    return {"tmp": tmp, "work": iwslt_work, "args": args, "run": tmp / "runs/iwslt14_de_en/deepnet/4L-4L",
+            "stages": stages, "eval_stdout": proc.stdout}
 
 
+@pytest.mark.xdist_group("iwslt")
 def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     scores = json.loads((iwslt["run"] / "eval/scores.json").read_text())
-    work = iwslt["tmp"] / "work"
+    work = iwslt["work"]
     refs = tp.read_lines(work / "tok/test.en")
     hyps = tp.read_lines(iwslt["run"] / "eval/hyp.en")
     assert len(hyps) == len(refs) == 1000
@@ -81,8 +78,9 @@ def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     assert f"BLEU {scores['bleu']}" in iwslt["eval_stdout"]
 
 
+@pytest.mark.xdist_group("iwslt")
 def test_iwslt_prepared_text_and_records(iwslt):
-    work = iwslt["tmp"] / "work"
+    work = iwslt["work"]
     train_de = tp.read_lines(work / "tok/train.de")
     valid_de = tp.read_lines(work / "tok/valid.de")
     assert len(train_de) + len(valid_de) <= 10000 and len(valid_de) == (len(train_de) + len(valid_de)) // 23
@@ -109,6 +107,7 @@ def test_iwslt_prepared_text_and_records(iwslt):
     assert proc.returncode == 2 and "different 'prep.bpe_merges'" in proc.stderr
 
 
+@pytest.mark.xdist_group("iwslt")
 def test_report_turns_records_into_a_depth_table(iwslt):
     out = iwslt["tmp"] / "report"
     run(["bash", SCRIPTS / "report", iwslt["tmp"] / "results.jsonl", "--out-dir", out])
@@ -117,20 +116,6 @@ def test_report_turns_records_into_a_depth_table(iwslt):
     assert "## iwslt14_de_en" in table and "| model | 4L-4L |" in table and f"| DeepNet | {score:.2f} |" in table
     rows = list(csv.reader((out / "iwslt14_de_en.csv").open()))
     assert rows == [["model", "4L-4L"], ["DeepNet", f"{score:.2f}"]]
-
-
-def test_two_process_gloo_training_run(iwslt):
-    folder = iwslt["tmp"] / "gloo"
-    proc = run(["bash", SCRIPTS / "train_iwslt.sh", "--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2",
-                "--master-port", "29617", "--run-dir", folder, *iwslt["args"], *TINY,
-                "train.max_update=6", "train.max_tokens=1024", "train.batch_tokens=2048", "train.log_interval=1",
-                "train.save_interval_updates=6"])
-    log = (folder / "train.log").read_text()
-    assert "distributed init (rank 0)" in log and "distributed init (rank 1)" in log
-    assert "torchrun" in proc.stdout and "--distributed-backend gloo" in proc.stdout
-    record = records(iwslt["tmp"])[-1]
-    assert (record["world_size"], record["update_freq"], record["updates"], record["returncode"]) == (2, 1, 6, 0)
-    assert (folder / "checkpoints/checkpoint_last.pt").exists()
 
 
 # -- OPUS-100 (multilingual) ---------------------------------------------------------------------
@@ -178,6 +163,7 @@ def opus(tmp_path_factory):
     return {"tmp": tmp, "run": tmp / "runs/opus100/deepnet/3L-3L", "stdout": proc.stdout}
 
 
+@pytest.mark.xdist_group("opus")
 def test_multilingual_per_direction_table_with_zero_shot(opus):
     work = opus["tmp"] / "work"
     assert (work / "spm/spm.model").exists() and (work / "bin/train.de-en.de.bin").exists()
@@ -235,6 +221,7 @@ def wmt(tmp_path_factory):
     return {"tmp": tmp, "raw": raw, "run": tmp / "runs/wmt17_en_de/postln/2L-2L", "stdout": proc.stdout}
 
 
+@pytest.mark.xdist_group("wmt")
 def test_wmt_pipeline_scores_compound_split_bleu_and_sacrebleu(wmt):
     work = wmt["tmp"] / "work"
     tok_refs = tp.read_lines(work / "tok/test.de")

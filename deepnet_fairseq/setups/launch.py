@@ -185,11 +185,13 @@ def launch_commands(opts, fairseq_args):
     per_node = opts.procs if opts.cpu else opts.gpus
     if opts.nodes == 1 and per_node == 1:
         return [[fairseq_train] + fairseq_args]
-    if opts.launcher == "slurm":  # fairseq reads SLURM's environment (one task per GPU)
-        return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", f"--gpus-per-node={per_node}",
-                 fairseq_train] + fairseq_args + ["--distributed-port", str(opts.master_port)]]
+    cpu_worker = ["-m", "deepnet_fairseq.setups.cpu_worker"]  # fairseq-train on CPU, rank from the launcher
+    if opts.launcher == "slurm":  # one task per process; fairseq (cpu_worker on CPU) reads SLURM's environment
+        program = [sys.executable, *cpu_worker] if opts.cpu else [f"--gpus-per-node={per_node}", fairseq_train]
+        return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", *program]
+                + fairseq_args + ["--distributed-port", str(opts.master_port)]]
     torchrun = str(BIN_DIR / "torchrun") if (BIN_DIR / "torchrun").exists() else "torchrun"
-    program = ["-m", "deepnet_fairseq.setups.cpu_worker"] if opts.cpu else [fairseq_train]
+    program = cpu_worker if opts.cpu else [fairseq_train]
     ranks = range(opts.nodes) if opts.dry_run else [opts.node_rank]
     return [[torchrun, f"--nproc_per_node={per_node}", f"--nnodes={opts.nodes}", f"--node_rank={rank}",
              f"--master_addr={opts.master_addr}", f"--master_port={opts.master_port}"] + program + fairseq_args
@@ -345,7 +347,9 @@ def main(argv=None):
         start = time.time()
         print("[train] " + " ".join(shlex.quote(c) for c in cmds[0]), flush=True)
         log_stats = TrainLogStats()
-        returncode = run(cmds[0], folder / "train.log", env, log_stats.feed)
+        # one log per node: a run folder on a shared file system is every node's
+        log = folder / ("train.log" if opts.node_rank == 0 else f"train.node{opts.node_rank}.log")
+        returncode = run(cmds[0], log, env, log_stats.feed)
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
                   "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers),
@@ -355,7 +359,7 @@ def main(argv=None):
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
         if returncode != 0:
-            print(f"error: fairseq-train exited with {returncode} (log: {folder / 'train.log'})", file=sys.stderr)
+            print(f"error: fairseq-train exited with {returncode} (log: {log})", file=sys.stderr)
             return returncode
         done.write_text(f"{cfg['train']['max_update']}\n")
         print(f"[train] finished: {stats['updates']} updates, loss {stats['final_loss']}, "
