@@ -58,6 +58,42 @@ def ct2_engine(translator, sources, batches):
     return [translator.desegment(tokens) for tokens in outputs], seconds
 
 
+def reference_log_probs(checkpoint, data, sentences=100):
+    """Per-sentence log-probabilities of the test references (</s> included) under a fairseq checkpoint,
+    teacher-forced; with each sentence's source and target as the tokens CTranslate2 reads."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data)})
+    model.eval()
+    task.load_dataset("test")
+    dataset, src_dict, tgt_dict = task.dataset("test"), task.source_dictionary, task.target_dictionary
+    log_probs, pairs = {}, {}
+    with torch.no_grad():
+        for start in range(0, len(dataset), sentences):
+            batch = dataset.collater([dataset[i] for i in range(start, min(start + sentences, len(dataset)))])
+            out = model(**batch["net_input"])
+            lprobs = model.get_normalized_probs(out, log_probs=True).gather(2, batch["target"][:, :, None])[:, :, 0]
+            for i, lp, s, t in zip(batch["id"].tolist(), lprobs, batch["net_input"]["src_tokens"], batch["target"]):
+                log_probs[i] = lp[t.ne(tgt_dict.pad())].numpy()
+                pairs[i] = ([src_dict[x] for x in s[s.ne(src_dict.pad())][:-1]], [tgt_dict[x] for x in t[t.ne(tgt_dict.pad())][:-1]])
+    return log_probs, pairs
+
+
+def exactness(averaged, plain, translators, data):
+    """Max |log-prob difference| against the original DeepNet: the exported transformer, each CTranslate2 model."""
+    import numpy as np
+
+    original, pairs = reference_log_probs(averaged, data)
+    ids = sorted(original)
+    differences = {"fairseq_plain_transformer": reference_log_probs(plain, data)[0]}
+    for name, translator in translators.items():
+        scored = translator.translator.score_batch([pairs[i][0] for i in ids], [pairs[i][1] for i in ids],
+                                                   max_batch_size=32, max_input_length=0)
+        differences[name] = {i: np.array(r.log_probs) for i, r in zip(ids, scored)}
+    return {name: float(max(np.abs(values[i] - original[i]).max() for i in ids)) for name, values in differences.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
@@ -98,11 +134,16 @@ def main(argv=None):
     hyps["fairseq_plain_transformer"], _ = fairseq_engine(cfg, scratch / "transformer.pt",
                                                           scratch / "generate_plain.log", plugin=False)
 
+    for name, lines in hyps.items():
+        tp.write_lines(scratch / f"hyp.{name}.{tgt}", lines)
+    max_log_prob_difference = exactness(averaged, scratch / "transformer.pt", translators, work / "bin")
     results = {}
     for name in engines + ["fairseq_plain_transformer"]:
         score, signature = bleu(hyps[name], refs, tokenize="none")
         row = {"bleu": score, "signature": signature,
                "same_hypotheses_as_fairseq": sum(a == b for a, b in zip(hyps[name], hyps["fairseq"]))}
+        if name in max_log_prob_difference:
+            row["max_abs_log_prob_difference_vs_original"] = max_log_prob_difference[name]
         if name in seconds:
             row["sentences_per_s"] = [round(len(sources) / s, 2) for s in seconds[name]]
             row["median_sentences_per_s"] = round(len(sources) / statistics.median(seconds[name]), 2)
