@@ -31,3 +31,21 @@ def test_demo_rejects_bad_options(tmp_path):
     proc = run([sys.executable, "-m", "deepnet_fairseq.demo", "--raw-dir", tmp_path, "--out", tmp_path / "o"],
                cwd=ROOT, check=False)
     assert proc.returncode != 0 and "demo: missing" in proc.stderr
+
+
+def test_readme_quotes_the_committed_fresh_demo_run():
+    """The README's demo lines are what a fresh `make demo` printed (docs/results/demo/summary.json,
+    with the defaults of deepnet_fairseq.demo)."""
+    from deepnet_fairseq.demo import parse_args
+
+    summary = json.loads((ROOT / "docs" / "results" / "demo" / "summary.json").read_text())
+    defaults = parse_args([])
+    assert summary["depth"] == f"{defaults.layers}L-{defaults.layers}L"
+    assert {k: summary["settings"][k] for k in ("updates", "lr", "warmup", "seed")} == \
+        {"updates": defaults.updates, "lr": defaults.lr, "warmup": defaults.warmup, "seed": defaults.seed}
+    readme = (ROOT / "README.md").read_text()
+    for label, model in summary["models"].items():
+        line = (f"{label:8} {summary['depth']}: final loss {model['final_loss']:.3f} bits/token, "
+                f"held-out accuracy {model['heldout']:.1f}%")
+        assert line in readme, line
+    assert (ROOT / "docs" / "results" / "demo" / "comparison.txt").read_text().splitlines()[0].startswith("model")
