@@ -159,38 +159,34 @@ def plain_model_cfg(options, name, normalize_before):
     return model
 
 
-def fairseq_base_name(registry, name):
-    """A plugin-registered component's fairseq base (``translation_exact_resume`` -> ``translation``),
-    None when it has none; fairseq's own names are kept."""
+def is_plugin(registry, name):
     cls = registry.get(name)
-    if cls is None or not cls.__module__.startswith("deepnet_fairseq"):
-        return name
-    for base in cls.__mro__[1:]:
-        for other, registered in registry.items():
-            if registered is base and not base.__module__.startswith("deepnet_fairseq"):
-                return other
-    return None
+    return cls is not None and cls.__module__.startswith("deepnet_fairseq")
 
 
 def plain_cfg(cfg, model_cfg):
-    """The checkpoint's cfg with the plugin taken out: fairseq's own task, no user_dir, no plugin
-    criterion or optimizer (decoding needs neither)."""
+    """The checkpoint's cfg with the plugin taken out: no user_dir; the plugin's exact-resume task as
+    fairseq's ``translation`` (whose configuration it uses); a plugin criterion or optimizer dropped
+    (decoding needs neither)."""
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.optim import OPTIMIZER_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
+
+    from deepnet_fairseq.training.exact_resume import ExactResumeTranslationTask
 
     plain = {k: v for k, v in cfg.items() if k != "model"}
     plain["model"] = model_cfg
     if isinstance(plain.get("common"), dict):
         plain["common"] = dict(plain["common"], user_dir=None)
-    for section, registry in (("task", TASK_REGISTRY), ("criterion", CRITERION_REGISTRY),
-                              ("optimizer", OPTIMIZER_REGISTRY)):
+    task = plain.get("task") or {}
+    if TASK_REGISTRY.get(task.get("_name")) is ExactResumeTranslationTask:
+        plain["task"] = dict(task, _name="translation")
+    elif is_plugin(TASK_REGISTRY, task.get("_name")):
+        raise ExportError(f"task '{task['_name']}' has no fairseq equivalent")
+    for section, registry in (("criterion", CRITERION_REGISTRY), ("optimizer", OPTIMIZER_REGISTRY)):
         entry = plain.get(section)
-        if isinstance(entry, dict) and entry.get("_name"):
-            base = fairseq_base_name(registry, entry["_name"])
-            plain[section] = dict(entry, _name=base) if base else None
-    if plain.get("task") is None:
-        raise ExportError(f"task '{cfg['task'].get('_name')}' has no fairseq equivalent")
+        if isinstance(entry, dict) and is_plugin(registry, entry.get("_name")):
+            plain[section] = None
     return plain
 
 

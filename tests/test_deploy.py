@@ -49,7 +49,9 @@ def setup(tmp_path_factory, multi30k):
     checkpoints.mkdir(parents=True)
     in_process_checkpoint(checkpoints / "checkpoint_1_1.pt", tmp / "work/bin", [
         "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL,
-        "--deepnorm-encoder-beta", "1", "--deepnorm-decoder-beta", "1"])
+        "--deepnorm-encoder-beta", "1", "--deepnorm-decoder-beta", "1",
+        # the plugin's task and criterion, as the shipped pipeline and the diagnostics train with
+        "--task", "translation_exact_resume", "--criterion", "diagnostic_label_smoothed_cross_entropy"])
     return {"tmp": tmp, "raw": raw, "work": tmp / "work", "bin": tmp / "work/bin", "config": config,
             "args": args + EVAL, "run": checkpoints.parent, "checkpoint": checkpoints / "checkpoint_1_1.pt"}
 
@@ -148,6 +150,7 @@ def test_folded_deepnet_is_fairseq_transformer_with_same_scores_and_hypotheses(s
     state = torch.load(exported, weights_only=True)
     assert state["cfg"]["model"]["_name"] == "transformer" and state["args"] is None
     assert state["cfg"]["common"]["user_dir"] is None and state["cfg"]["task"]["_name"] == "translation"
+    assert state["cfg"]["criterion"] is None
     assert not [k for k in state["model"] if "deepnorm" in k]
     assert not [k for k in state["cfg"]["model"] if "deepnorm" in k or "compile" in k]
     assert "last_optimizer_state" not in state
