@@ -20,8 +20,8 @@ install:
 demo: install
 	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)
 
-# one pytest-xdist worker per core; tests/conftest.py groups the tests and starts the longest first
-PARALLEL := -n auto --dist loadgroup --no-loadscope-reorder
+# one pytest-xdist worker per core, given whole test modules, the longest first (tests/conftest.py)
+PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(PY) -m pytest -q $(PARALLEL) -m "not slow" tests $(PYTEST_ARGS)

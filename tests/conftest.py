@@ -1,8 +1,8 @@
 """Shared fixtures: paths, a CLI runner, and a small binarised slice of real Multi30k de-en.
 
-``make test`` runs the suite on pytest-xdist's workers (``-n auto --dist loadgroup``): each worker runs
-the session fixtures it needs, so the costly ones build once under a file lock (``built_once``) and
-every module is one group (its module fixtures build once); see ``pytest_collection_modifyitems``.
+``make test`` runs the suite on pytest-xdist's workers, a whole module at a time (``--dist loadfile``: its
+module fixtures build once), the longest first (``pytest_collection_modifyitems``). Each worker runs the
+session fixtures it needs, so the costly ones build once under a file lock (``built_once``).
 """
 
 import fcntl
@@ -136,20 +136,14 @@ def iwslt_work(tmp_path_factory, multi30k):
     return built_once(tmp_path_factory, "iwslt_work", build)
 
 
-# The groups that take longest (by --durations), started first so that no worker starts one at the end
-LONGEST_FIRST = ("opus", "iwslt", "test_diagnostics", "test_reliability_checkpoints", "test_two_nodes",
-                 "test_reliability_resume", "test_compile_layers", "wmt")
+# The modules that take longest (by --durations), started first so that no worker starts one at the end
+LONGEST_FIRST = ("test_setup_pipelines", "test_diagnostics", "test_reliability_checkpoints", "test_two_nodes",
+                 "test_reliability_resume", "test_compile_layers")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
-    def group(item):
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-        return item.get_closest_marker("xdist_group").args[0]
-
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: the others keep their order
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))  # stable: the others keep their order
 
 
 def pytest_configure(config):

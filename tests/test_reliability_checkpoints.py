@@ -12,7 +12,6 @@ payloads so that their globals can be checked against the plugin's allow-list.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, binarise_multi30k_slice, run
+from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, binarise_multi30k_slice, free_port, run
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
 from deepnet_fairseq.checkpoint_safety import allowed_global_names
@@ -45,12 +44,6 @@ RECORD_SHIM = textwrap.dedent('''
 
     torch.save = save
 ''')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_args(data, save_dir, user_dir, max_update):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, ROOT, run
+from conftest import BIN, ROOT, free_port, run
 from test_reliability_resume import kill_shim, losses, train_env  # noqa: F401  (kill_shim: a fixture)
 
 from deepnet_fairseq.setups import config as cfgmod
@@ -70,9 +70,8 @@ def train_command(work, save_dir, user_dir):
     args = launch.train_args(cfg, "deepnet", (2, 2), 2, False, save_dir, save_dir / "tb")
     assert args[args.index("--update-freq") + 1] == "2"
     args[args.index("--user-dir") + 1] = str(user_dir)
-    port = 29500 + os.getpid() % 2000
     return [BIN / "torchrun", "--nproc_per_node=2", "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1",
-            f"--master_port={port}", "-m", "deepnet_fairseq.setups.cpu_worker", *args]
+            f"--master_port={free_port()}", "-m", "deepnet_fairseq.setups.cpu_worker", *args]
 
 
 def start(cmd, log_path, **env):

@@ -41,8 +41,9 @@ def records(tmp):
 
 # -- IWSLT-14 ------------------------------------------------------------------------------------
 
-IWSLT_TRAIN = TINY + ["train.max_update=300", "train.warmup_updates=100", "train.lr=5e-3", "train.max_tokens=2048",
-                      "train.batch_tokens=2048", "train.save_interval_updates=50", "train.validate_interval_updates=300",
+# 200 updates: BLEU 2.03 against 0.61 for copying the source (150 updates: 0.80; 300: 3.3)
+IWSLT_TRAIN = TINY + ["train.max_update=200", "train.warmup_updates=60", "train.lr=5e-3", "train.max_tokens=2048",
+                      "train.batch_tokens=2048", "train.save_interval_updates=25", "train.validate_interval_updates=200",
                       "eval.average_last=3"]
 
 
@@ -61,7 +62,6 @@ def iwslt(tmp_path_factory, iwslt_work):
             "stages": stages, "eval_stdout": proc.stdout}
 
 
-@pytest.mark.xdist_group("iwslt")
 def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     scores = json.loads((iwslt["run"] / "eval/scores.json").read_text())
     work = iwslt["work"]
@@ -74,11 +74,10 @@ def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     assert "tok:none" in scores["signature"] and "nrefs:1" in scores["signature"]
     assert scores["bleu"] > scores["copy_source_bleu"], scores
     assert not any("@@" in h for h in hyps)
-    assert [name.rsplit("_", 1)[1] for name in scores["averaged"]] == ["200.pt", "250.pt", "300.pt"]
+    assert [name.rsplit("_", 1)[1] for name in scores["averaged"]] == ["150.pt", "175.pt", "200.pt"]
     assert f"BLEU {scores['bleu']}" in iwslt["eval_stdout"]
 
 
-@pytest.mark.xdist_group("iwslt")
 def test_iwslt_prepared_text_and_records(iwslt):
     work = iwslt["work"]
     train_de = tp.read_lines(work / "tok/train.de")
@@ -90,7 +89,7 @@ def test_iwslt_prepared_text_and_records(iwslt):
     assert (work / "bin/.done").exists() and (work / "bin/dict.de.txt").read_text() == (work / "bin/dict.en.txt").read_text()
     train, evaluation = records(iwslt["tmp"])
     assert train["kind"] == "train" and evaluation["kind"] == "eval"
-    assert (train["updates"], train["diverged"], train["returncode"], train["world_size"]) == (300, False, 0, 1)
+    assert (train["updates"], train["diverged"], train["returncode"], train["world_size"]) == (200, False, 0, 1)
     assert 0 < train["final_loss"] < 12
     constants = deepnorm_constants(4, 4)
     assert train["deepnorm"]["encoder_alpha"] == pytest.approx(constants.encoder_alpha)
@@ -107,7 +106,6 @@ def test_iwslt_prepared_text_and_records(iwslt):
     assert proc.returncode == 2 and "different 'prep.bpe_merges'" in proc.stderr
 
 
-@pytest.mark.xdist_group("iwslt")
 def test_report_turns_records_into_a_depth_table(iwslt):
     out = iwslt["tmp"] / "report"
     run(["bash", SCRIPTS / "report", iwslt["tmp"] / "results.jsonl", "--out-dir", out])
@@ -141,8 +139,10 @@ def opus_layout(tmp, n_train=6000, n_test=200):
 
 OPUS_DATA = ["data.langs=[de,en,fr]", "data.lang_pairs=[de-en,en-de,en-fr,fr-en]", "data.zero_shot_pairs=[de-fr,fr-de]",
              "prep.spm_vocab_size=2000", "prep.spm_sample_sentences=20000"]
-OPUS_TRAIN = TINY + ["train.max_update=300", "train.warmup_updates=100", "train.lr=5e-3", "train.max_tokens=2048",
-                     "train.batch_tokens=2048", "train.save_interval_updates=100", "train.validate_interval_updates=300",
+# 200 updates: de-en BLEU 0.78 against 0.11 for copying the source (150 updates: 0.64; 300: the average over
+# directions 1.04 against 0.14)
+OPUS_TRAIN = TINY + ["train.max_update=200", "train.warmup_updates=66", "train.lr=5e-3", "train.max_tokens=2048",
+                     "train.batch_tokens=2048", "train.save_interval_updates=66", "train.validate_interval_updates=200",
                      "train.max_epoch=null", "eval.average_last=2", "eval.max_tokens=4000"]
 
 
@@ -163,7 +163,6 @@ def opus(tmp_path_factory):
     return {"tmp": tmp, "run": tmp / "runs/opus100/deepnet/3L-3L", "stdout": proc.stdout}
 
 
-@pytest.mark.xdist_group("opus")
 def test_multilingual_per_direction_table_with_zero_shot(opus):
     work = opus["tmp"] / "work"
     assert (work / "spm/spm.model").exists() and (work / "bin/train.de-en.de.bin").exists()
@@ -221,7 +220,6 @@ def wmt(tmp_path_factory):
     return {"tmp": tmp, "raw": raw, "run": tmp / "runs/wmt17_en_de/postln/2L-2L", "stdout": proc.stdout}
 
 
-@pytest.mark.xdist_group("wmt")
 def test_wmt_pipeline_scores_compound_split_bleu_and_sacrebleu(wmt):
     work = wmt["tmp"] / "work"
     tok_refs = tp.read_lines(work / "tok/test.de")
