@@ -187,6 +187,17 @@ def test_renamed_preln_is_fairseq_transformer_with_same_scores_and_hypotheses(se
     assert difference == 0.0  # a rename: the same modules, the same weights
 
 
+@pytest.mark.parametrize("arch", ["postln_transformer", "transformer"])
+def test_post_ln_passes_through_unchanged(setup, tmp_path, arch):
+    checkpoint = in_process_checkpoint(tmp_path / f"{arch}.pt", setup["bin"], [
+        "--arch", arch, "--encoder-layers", "2", "--decoder-layers", "3", *SMALL])
+    exported = torch.load(export_to(checkpoint, "transformer", tmp_path / "plain.pt"), weights_only=True)
+    original = torch.load(checkpoint, weights_only=False)["model"]
+    assert exported["cfg"]["model"]["_name"] == "transformer" and not exported["cfg"]["model"]["encoder_normalize_before"]
+    assert exported["model"].keys() == original.keys()
+    assert all(torch.equal(exported["model"][k], original[k]) for k in original)
+
+
 def test_folded_deepnet_lm_is_fairseq_transformer_lm(setup, tmp_path):
     from fairseq import checkpoint_utils
 
