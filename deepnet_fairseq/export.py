@@ -29,7 +29,7 @@ LayerNorm's gain and bias times c (so each layer outputs c times the original), 
 projections that read the stream (``q/k/v_proj``, ``fc1``, and the decoder's cross-attention
 ``k/v_proj`` reading the encoder output) divided by c, and the branch outputs (``out_proj``, ``fc2``)
 times c. docs/deploy.md has the derivation. The directory also gets the dictionaries and the
-setup's tokenisation (Moses settings + BPE codes, or the SentencePiece model) in ``deploy.json``, so
+setup's tokenisation (Moses settings and BPE codes; bilingual setups) in ``deploy.json``, so
 ``python -m deepnet_fairseq.translate OUTDIR`` translates raw text.
 """
 
@@ -324,7 +324,7 @@ def ctranslate2_spec(exported, dict_dir):
 
 
 def find_work_dir(cfg, work=None):
-    """The setup's work folder (``prep.json``, ``bin/``, ``bpe/codes`` or ``spm/spm.model``)."""
+    """The setup's work folder (``prep.json``, ``bin/``, ``bpe/codes``)."""
     if work is not None:
         folder = Path(work)
     else:
@@ -341,16 +341,14 @@ def tokenisation_settings(work, run_config=None):
     prep_record = json.loads((work / "prep.json").read_text())
     data, prep = prep_record["data"], prep_record["prep"]
     if data.get("kind", "bilingual") != "bilingual":
-        raise ExportError(f"{work}: multilingual setups are not supported by the CTranslate2 export yet "
-                          "(their language tokens)")
+        raise ExportError(f"{work}: multilingual setups (SentencePiece, language tokens) are not supported by "
+                          "the CTranslate2 export yet; export them with --to transformer")
     settings = {"source_lang": data["source_lang"], "target_lang": data["target_lang"],
                 "tokenizer": prep["tokenizer"], "lowercase": prep["lowercase"],
                 "moses_escape": prep["moses_escape"], "aggressive_dash_splits": prep["aggressive_dash_splits"]}
-    settings["segmentation"] = prep["segmenter"]
-    model_file = work / "bpe" / "codes" if prep["segmenter"] == "bpe" else work / "spm" / "spm.model"
-    if not model_file.exists():
-        raise ExportError(f"{model_file}: missing (the setup's {prep['segmenter']} model)")
-    settings["bpe_codes" if prep["segmenter"] == "bpe" else "spm_model"] = "bpe.codes" if prep["segmenter"] == "bpe" else "spm.model"
+    if not (work / "bpe" / "codes").exists():  # bilingual setups segment with subword-nmt BPE
+        raise ExportError(f"{work / 'bpe' / 'codes'}: missing (the setup's BPE codes)")
+    settings["segmentation"], settings["bpe_codes"] = "bpe", "bpe.codes"
     ev = (run_config or {}).get("eval", {})
     settings["decoding"] = {"beam": ev.get("beam", 5), "lenpen": ev.get("lenpen", 1.0),
                             "max_len_a": ev.get("max_len_a", 0), "max_len_b": ev.get("max_len_b", 200)}
@@ -375,10 +373,7 @@ def to_ctranslate2(exported, out_dir, work, quantization=None, run_config=None):
     SpecConverter().convert(str(tmp), quantization=quantization, force=True)
     for lang in (settings["source_lang"], settings["target_lang"]):
         shutil.copy(dict_dir / f"dict.{lang}.txt", tmp / f"dict.{lang}.txt")
-    if settings["segmentation"] == "bpe":
-        shutil.copy(work / "bpe" / "codes", tmp / settings["bpe_codes"])
-    else:
-        shutil.copy(work / "spm" / "spm.model", tmp / settings["spm_model"])
+    shutil.copy(work / "bpe" / "codes", tmp / settings["bpe_codes"])
     settings.update(quantization=quantization or "none", layer_norm_epsilon=spec.config.layer_norm_epsilon,
                     exported_from=exported["exported_from"])
     (tmp / DEPLOY_FILE).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")

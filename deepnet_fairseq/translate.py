@@ -4,8 +4,8 @@
 
 Raw text in, detokenised text out, with the pre- and post-processing of the setup that trained the
 model (``deploy.json`` in MODEL_DIR): Moses normalisation and tokenisation (lowercased where the
-setup lowercased), BPE with the setup's codes or its SentencePiece model; then beam search in
-CTranslate2; then BPE removal and Moses detokenisation. Decoding defaults (beam, length penalty,
+setup lowercased) and BPE with the setup's codes; then beam search in CTranslate2; then BPE
+removal and Moses detokenisation. Decoding defaults (beam, length penalty,
 maximum length ``a * source length + b``) are the setup's ``eval`` settings. Progress goes to stderr.
 """
 
@@ -32,6 +32,8 @@ class DeployedTranslator:
             raise tp.DataError(f"{self.model_dir}: not a translator directory (no {DEPLOY_FILE}; "
                                "write one with python -m deepnet_fairseq.export CHECKPOINT --to ctranslate2 DIR)")
         self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
+        if self.settings.get("segmentation") != "bpe":
+            raise tp.DataError(f"{settings_path}: segmentation {self.settings.get('segmentation')!r} is not supported")
         self.decoding = self.settings["decoding"]
         self.translator = ctranslate2.Translator(str(self.model_dir), device=device, compute_type=compute_type,
                                                  inter_threads=1, intra_threads=threads)
@@ -41,24 +43,15 @@ class DeployedTranslator:
     def segment(self, lines):
         """Raw sentences -> the subword tokens the model reads."""
         s = self.settings
-        if s["tokenizer"] == "moses":
-            lines = tp.moses_tokenize(lines, s["source_lang"], s["moses_escape"], s["aggressive_dash_splits"],
-                                      s["lowercase"])
-        elif s["lowercase"]:
-            lines = [line.lower() for line in lines]
-        if s["segmentation"] == "bpe":
-            lines = tp.apply_bpe(lines, self.model_dir / s["bpe_codes"])
-        else:
-            lines = tp.sentencepiece_encode(lines, self.model_dir / s["spm_model"])
-        return [line.split() for line in lines]
+        lines = tp.setup_tokenize(lines, s["source_lang"], s)  # deploy.json holds the prep settings it reads
+        return [line.split() for line in tp.apply_bpe(lines, self.model_dir / s["bpe_codes"])]
 
     def desegment(self, tokens):
         """Output subword tokens -> tokenised text (what the setup's tokenised BLEU scores), as
         fairseq-generate's ``--remove-bpe`` does."""
         from fairseq.data.data_utils import post_process
 
-        symbol = "subword_nmt" if self.settings["segmentation"] == "bpe" else "sentencepiece"
-        return post_process(" ".join(tokens), symbol)
+        return post_process(" ".join(tokens), "subword_nmt")
 
     def detokenize(self, lines):
         if self.settings["tokenizer"] == "moses":

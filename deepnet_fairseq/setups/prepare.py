@@ -157,10 +157,7 @@ def prepare_bilingual(cfg, raw_dir, work, workers):
         raise tp.DataError(f"{cfg['setup']}: data.test is empty")
 
     def tokenize(lines, lang):
-        if prep["tokenizer"] == "none":
-            return [line.lower() for line in lines] if prep["lowercase"] else lines
-        return tp.moses_tokenize(lines, lang, prep["moses_escape"], prep["aggressive_dash_splits"],
-                                 prep["lowercase"], workers)
+        return tp.setup_tokenize(lines, lang, prep, workers)
 
     tok, ref = work / "tok", work / "ref"
     step = Step(tok, "tokenise and clean")

@@ -154,6 +154,14 @@ def moses_tokenize(lines, lang, escape=True, aggressive_dash_splits=False, lower
     return [_moses_line(job) for job in jobs]
 
 
+def setup_tokenize(lines, lang, prep, workers=1):
+    """The bilingual setups' tokenisation, as a config's ``prep`` section sets it: Moses (or none),
+    lowercased where configured. Preparation and ``deepnet_fairseq.translate`` both use it."""
+    if prep["tokenizer"] == "none":
+        return [line.lower() for line in lines] if prep["lowercase"] else lines
+    return moses_tokenize(lines, lang, prep["moses_escape"], prep["aggressive_dash_splits"], prep["lowercase"], workers)
+
+
 def moses_detokenize(lines, lang):
     from sacremoses import MosesDetokenizer
 
