@@ -73,8 +73,11 @@ def parse_args(argv):
     p.add_argument("--max-tokens", type=int, default=1000, help="tokens per batch (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--probe-every", type=int, default=20, help="src_dep and update norm every K updates")
-    p.add_argument("--stall-margin", type=float, default=0.5, help="bits above unigram entropy - margin = stalled")
-    p.add_argument("--min-src-dep", type=float, default=0.25, help="bits per token; below = source ignored")
+    p.add_argument("--stall-margin", type=float, default=0.25,
+                   help="valid NLL above the unigram entropy minus this many bits = stalled (default: %(default)s)")
+    p.add_argument("--min-src-dep", type=float, default=0.05,
+                   help="src_dep below this many bits per token = source ignored (default: %(default)s; a model "
+                        "that ignores its source measures |src_dep| < 0.005 here)")
     p.add_argument("--jobs", type=int, default=1, help="cells in parallel, one thread each (default: %(default)s)")
     p.add_argument("--csv", help="also copy the CSV here (e.g. docs/figures/stability_map.csv)")
     p.add_argument("--figures", help="write one heatmap per method here (e.g. docs/figures)")
