@@ -121,8 +121,8 @@ def fold_deepnorm_alpha(state_dict):
             for branch in BRANCH_OUTPUTS:
                 for param in ("weight", "bias"):
                     key = f"{prefix}{branch}.{param}"
-                    if key in folded:
-                        folded[key] = folded[key] / alpha.to(folded[key].dtype)
+                    if key in folded:  # divided in float64, stored in the checkpoint's dtype (fp16 too)
+                        folded[key] = (folded[key].double() / alpha.double()).to(folded[key].dtype)
         if values and max(values) != min(values):  # one eps per stack in the docs and in CTranslate2
             raise ExportError(f"{stack} layers have different DeepNorm alphas ({min(values)}..{max(values)})")
         alphas[stack] = values[0] if values else None
