@@ -1,6 +1,6 @@
 """Setups: config loading, launch commands (--dry-run), text helpers, IWSLT archive extraction.
 
-Fast tests (no training). The end-to-end pipelines are in test_setup_pipelines.py.
+Fast tests (no training). The end-to-end pipelines are in test_setup_{pipelines,opus,wmt}.py.
 """
 
 import re

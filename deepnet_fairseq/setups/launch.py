@@ -362,8 +362,8 @@ def main(argv=None):
             print(f"error: fairseq-train exited with {returncode} (log: {log})", file=sys.stderr)
             return returncode
         done.write_text(f"{cfg['train']['max_update']}\n")
-        print(f"[train] finished: {stats['updates']} updates, loss {stats['final_loss']}, "
-              f"{record['wall_time_s']}s -> {folder}")
+        progress = "" if opts.node_rank else f"{stats['updates']} updates, loss {stats['final_loss']}, "  # rank 0 logs them
+        print(f"[train] finished: {progress}{record['wall_time_s']}s -> {folder}")
     except (ConfigError, LaunchError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
