@@ -79,6 +79,8 @@ def parse_args(argv):
                    help="src_dep below this many bits per token = source ignored (default: %(default)s; a model "
                         "that ignores its source measures |src_dep| < 0.005 here)")
     p.add_argument("--jobs", type=int, default=1, help="cells in parallel, one thread each (default: %(default)s)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: classify the finished cells in OUT/runs and write the CSV and figures")
     p.add_argument("--csv", help="also copy the CSV here (e.g. docs/figures/stability_map.csv)")
     p.add_argument("--figures", help="write one heatmap per method here (e.g. docs/figures)")
     args = p.parse_args(argv)
@@ -109,6 +111,7 @@ def build_data(args):
 
 def target_entropies(data):
     """(unigram entropy, uniform entropy) of the training targets in bits, EOS included."""
+    import deepnet_fairseq  # noqa: F401  (imports fairseq with the root logger kept at INFO)
     from fairseq.data import Dictionary, data_utils
 
     dicts = sorted(Path(data).glob("dict.*.txt"))
@@ -165,7 +168,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     data = Path(args.data) if args.data else build_data(args)
     unigram, uniform = target_entropies(data)
-    grid = cells(args)
+    grid = [] if args.report_only else cells(args)
     start = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda cell: run_cell(args, data, *cell), grid))
@@ -190,11 +193,12 @@ def main(argv=None):
         print(f"{LABELS[r['method']]:28s} {r['depth']:3d}L lr {r['lr']:<8g} warm-up {r['warmup']:<5d} {r['status']:9s} "
               f"valid NLL {r['valid_nll']:<7} src_dep {r['src_dep']:<7} {r['reason']}", flush=True)
     if args.figures:
-        for path in heatmaps(rows, Path(args.figures)):
+        for path in heatmaps(rows, Path(args.figures), args.warmup):
             print(f"wrote {path}")
-    cpu = sum(float(r["wall_s"]) for r in rows)
+    cell_hours = sum(float(r["wall_s"]) for r in rows) / 3600
     print(f"stability_map: {len(grid)} cells in this call, {time.time() - start:.0f} s wall; "
-          f"{len(rows)} cells in {out / 'map.csv'} ({cpu / 3600:.2f} CPU hours of training, one thread each)")
+          f"{len(rows)} cells in {out / 'map.csv'} ({cell_hours:.2f} hours of training summed over the cells, "
+          "one thread each)")
 
 
 def valid_nll_of(run_dir):
@@ -203,43 +207,59 @@ def valid_nll_of(run_dir):
 
 
 STATUS_CODE = {"trains": 0, "stalls": 1, "diverges": 2}
+LEGEND = "green trains, yellow stalls, red diverges; text: valid NLL (bits) / src_dep (bits per token)"
 
 
-def heatmaps(rows, folder):
-    """One heatmap per method (and warm-up): depth x lr, colour = status, text = valid NLL / src_dep."""
+def draw_panel(ax, rows, title):
+    """One depth x lr grid: colour = status, text = valid NLL / src_dep."""
+    from matplotlib.colors import ListedColormap
+
+    depths = sorted({r["depth"] for r in rows})
+    lrs = sorted({r["lr"] for r in rows})
+    grid = np.full((len(depths), len(lrs)), np.nan)
+    for r in rows:
+        i, j = depths.index(r["depth"]), lrs.index(r["lr"])
+        grid[i, j] = STATUS_CODE[r["status"]]
+        ax.text(j, i, f"{r['valid_nll']:.2f}\n{round(r['src_dep'], 2) + 0.0:.2f}", ha="center", va="center", fontsize=7)
+    ax.imshow(grid, cmap=ListedColormap(["#8fd18f", "#f2d16b", "#e88080"]), vmin=0, vmax=2, aspect="auto")
+    ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
+    ax.set_yticks(range(len(depths)), [f"{d}L-{d}L" for d in depths], fontsize=8)
+    ax.set_xlabel("peak learning rate", fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+def heatmaps(rows, folder, warmup=None):
+    """``stability_map_<method>.png`` (a panel per warm-up) for every method, and ``stability_map.png``
+    (a panel per method at the lr axis' warm-up ``warmup``, default: the most common one)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-    from matplotlib.colors import ListedColormap
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for method in dict.fromkeys(r["method"] for r in rows):
-        mine = [r for r in rows if r["method"] == method]
-        warmups = sorted({r["warmup"] for r in mine})
-        fig, axes = plt.subplots(1, len(warmups), figsize=(4.2 * len(warmups) + 0.6, 3.4), squeeze=False)
-        for ax, warmup in zip(axes[0], warmups):
-            panel = [r for r in mine if r["warmup"] == warmup]
-            depths = sorted({r["depth"] for r in panel})
-            lrs = sorted({r["lr"] for r in panel})
-            grid = np.full((len(depths), len(lrs)), np.nan)
-            for r in panel:
-                i, j = depths.index(r["depth"]), lrs.index(r["lr"])
-                grid[i, j] = STATUS_CODE[r["status"]]
-                ax.text(j, i, f"{r['valid_nll']:.2f}\n{r['src_dep']:.2f}", ha="center", va="center", fontsize=7)
-            ax.imshow(grid, cmap=ListedColormap(["#8fd18f", "#f2d16b", "#e88080"]), vmin=0, vmax=2, aspect="auto")
-            ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs], fontsize=7)
-            ax.set_yticks(range(len(depths)), [f"{d}L-{d}L" for d in depths], fontsize=8)
-            ax.set_xlabel("peak learning rate")
-            ax.set_title(f"{LABELS[method]}, warm-up {warmup}", fontsize=9)
-        fig.text(0.01, 0.01, "green trains, yellow stalls, red diverges; text: valid NLL (bits) / src_dep (bits)",
-                 fontsize=7)
+
+    def figure(panels, path):
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.9 * len(panels) + 0.6, 3.4), squeeze=False)
+        for ax, (title, panel) in zip(axes[0], panels):
+            draw_panel(ax, panel, title)
+        fig.text(0.01, 0.01, LEGEND, fontsize=7)
         fig.tight_layout(rect=(0, 0.05, 1, 1))
-        path = folder / f"stability_map_{method}.png"
         save_figure(fig, path)
         plt.close(fig)
         written.append(path)
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        figure([(f"{LABELS[method]}, warm-up {w}", [r for r in mine if r["warmup"] == w])
+                for w in sorted({r["warmup"] for r in mine})], folder / f"stability_map_{method}.png")
+    if warmup is None:
+        warmups = [r["warmup"] for r in rows]
+        warmup = max(set(warmups), key=warmups.count)
+    figure([(f"{LABELS[m]}, warm-up {warmup}", [r for r in rows if r["method"] == m and r["warmup"] == warmup])
+            for m in methods if any(r["method"] == m and r["warmup"] == warmup for r in rows)],
+           folder / "stability_map.png")
     return written
 
 
