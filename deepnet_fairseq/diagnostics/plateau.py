@@ -44,6 +44,8 @@ def parse_args(argv):
     p.add_argument("--probe-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--fairseq-args", default="", help="extra fairseq-train arguments for every run (an ablation; "
+                                                       "use its own --out), e.g. '--deepnorm-decoder-beta 1'")
     p.add_argument("--figure", help="write the figure here (PNG)")
     args = p.parse_args(argv)
     args.methods = sweep.parse_list(args.methods, str, "--methods")
@@ -80,7 +82,8 @@ def main(argv=None):
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cell_args = argparse.Namespace(out=args.out, max_tokens=args.max_tokens, updates=args.updates,
-                                   probe_every=args.probe_every, seed=args.seed, extra_diag=HOOKS)
+                                   probe_every=args.probe_every, seed=args.seed, extra_diag=HOOKS,
+                                   extra_fairseq=args.fairseq_args.split())
     cells = [(m, args.depth, lr, args.warmup) for lr in args.lrs for m in args.methods]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         done = list(pool.map(lambda cell: stability_map.run_cell(cell_args, Path(args.data), *cell), cells))

@@ -137,7 +137,7 @@ def cells(args):
 def run_cell(args, data, method, depth, lr, warmup):
     arch, extra = METHODS[method]
     run = Namespace(out=args.out, tiny=True, bleu=False, max_tokens=args.max_tokens, updates=args.updates, lr=lr,
-                    warmup=warmup, extra=list(extra),
+                    warmup=warmup, extra=[*extra, *getattr(args, "extra_fairseq", [])],
                     diag=["--divergence-guard", "--diag-update-norm-interval", str(args.probe_every),
                           "--diag-source-dependence-interval", str(args.probe_every),
                           *getattr(args, "extra_diag", [])])
