@@ -87,17 +87,21 @@ def test_committed_map_backs_the_documented_counts():
         assert line in doc, line
 
 
-def test_plateau_runs_a_cell_with_every_hook_and_plots_the_four_quantities(multi30k_bin, tmp_path):
+def test_plateau_runs_a_cell_with_every_hook_and_plots_what_it_shows(multi30k_bin, tmp_path):
     from deepnet_fairseq.diagnostics import plateau
 
     proc = run([ROOT / ".venv" / "bin" / "python", "-m", "deepnet_fairseq.diagnostics.plateau", "--data", multi30k_bin,
                 "--out", tmp_path, "--methods", "deepnet", "--depth", "1", "--lrs", "1e-3", "--updates", "4",
-                "--probe-every", "2", "--figure", tmp_path / "plateau.png"], cwd=ROOT)
-    for quantity in ("src_dep (bits/token)", "cross-attention / residual", "gradient share of cross-attention"):
+                "--probe-every", "2", "--figure", tmp_path / "plateau.png", "--csv", tmp_path / "plateau.csv"], cwd=ROOT)
+    for quantity in ("src_dep (bits/token)", "cross-attention / residual", "gradient share of cross-attention",
+                     "gradient share of the encoder"):
         assert quantity in proc.stdout
     curves = plateau.read_curves(next((tmp_path / "runs").glob("deepnet_L1_*")))
     values = plateau.series(curves)
     assert set(values["gradient share of cross-attention"]) == set(range(1, 5))  # every update
-    assert all(0 < v < 1 for v in values["gradient share of cross-attention"].values())
+    for share in ("gradient share of cross-attention", "gradient share of the encoder"):
+        assert all(0 < v < 1 for v in values[share].values())
     assert sorted(values["src_dep (bits/token)"]) == [1, 3] and values["cross-attention / residual"][1] > 0
     assert (tmp_path / "plateau.png").stat().st_size > 0
+    rows = list(csv.DictReader(open(tmp_path / "plateau.csv")))
+    assert {r["quantity"] for r in rows} == set(values) and {r["run"] for r in rows} == {"DeepNet, lr 0.001"}

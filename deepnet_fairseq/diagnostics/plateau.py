@@ -8,8 +8,8 @@ with the per-sublayer gradient norms and LayerNorm inputs on as well, and ``src_
 and the update norm every ``--probe-every`` updates. The figure and the printed table show, per run,
 over updates: the training loss, ``src_dep`` (bits per target token the true source saves), the
 decoder's cross-attention output against the residual stream it joins (mean over layers of
-``xattn_<i>``), and the share of the gradient that reaches the cross-attention sublayers
-(``sum_i gnorm_dec<i>_cross^2 / gnorm_total^2``).
+``xattn_<i>``), the share of the gradient that reaches the cross-attention sublayers
+(``sum_i gnorm_dec<i>_cross^2 / gnorm_total^2``) and the encoder's sublayers, and the update norm.
 """
 
 import argparse
@@ -47,6 +47,7 @@ def parse_args(argv):
     p.add_argument("--fairseq-args", default="", help="extra fairseq-train arguments for every run (an ablation; "
                                                        "use its own --out), e.g. '--deepnorm-decoder-beta 1'")
     p.add_argument("--figure", help="write the figure here (PNG)")
+    p.add_argument("--csv", help="write the plotted series here (run, quantity, update, value)")
     args = p.parse_args(argv)
     args.methods = sweep.parse_list(args.methods, str, "--methods")
     args.lrs = sweep.parse_list(args.lrs, float, "--lrs")
@@ -60,15 +61,19 @@ def series(curves):
         if key.startswith("xattn_"):
             for u, v in values.items():
                 cross.setdefault(u, []).append(v)
-    share = {}
-    total = curves.get("gnorm_total", {})
-    for u, t in total.items():
-        parts = [v[u] for k, v in curves.items() if k.startswith("gnorm_dec") and k.endswith("_cross") and u in v]
-        if parts and t > 0:
-            share[u] = sum(x * x for x in parts) / (t * t)
+    def gradient_share(belongs):
+        """Squared share of the total gradient norm held by the sublayers ``belongs`` picks."""
+        share = {}
+        for u, t in curves.get("gnorm_total", {}).items():
+            parts = [v[u] for k, v in curves.items() if k.startswith("gnorm_") and belongs(k[6:]) and u in v]
+            if parts and t > 0:
+                share[u] = sum(x * x for x in parts) / (t * t)
+        return share
+
     return {"train loss (bits)": curves.get("loss", {}), "src_dep (bits/token)": curves.get("src_dep", {}),
             "cross-attention / residual": {u: sum(v) / len(v) for u, v in cross.items()},
-            "gradient share of cross-attention": share,
+            "gradient share of cross-attention": gradient_share(lambda name: name.endswith("_cross")),
+            "gradient share of the encoder": gradient_share(lambda name: name.startswith("enc")),
             "update norm": curves.get("update_norm", {})}
 
 
@@ -97,6 +102,11 @@ def main(argv=None):
             print(f"    {label:28s}" + "".join(f"  u={u}: {at(values[quantity], u):8.4f}" for u in marks))
     if args.figure:
         print(f"wrote {figure(runs, args, Path(args.figure))}")
+    if args.csv:
+        sweep.write_csv(Path(args.csv), ["run", "quantity", "update", "value"],
+                        [[label, quantity, u, round(v, 6)] for label, values in runs.items()
+                         for quantity, series_ in values.items() for u, v in sorted(series_.items())])
+        print(f"wrote {args.csv}")
 
 
 def figure(runs, args, path):
@@ -114,7 +124,7 @@ def figure(runs, args, path):
         ax.set_title(quantity, fontsize=9)
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
-        if quantity != "src_dep (bits/token)":
+        if quantity not in ("src_dep (bits/token)", "train loss (bits)"):
             ax.set_yscale("log")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{args.depth}L-{args.depth}L 64-128-2, warm-up {args.warmup}: a run that stalls against one "
