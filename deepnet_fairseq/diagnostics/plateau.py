@@ -116,7 +116,11 @@ def figure(runs, args, path):
     from matplotlib import pyplot as plt
 
     quantities = list(next(iter(runs.values())))
-    fig, axes = plt.subplots(1, len(quantities), figsize=(3.6 * len(quantities), 3.4))
+    rows = (len(quantities) + 2) // 3
+    fig, axes = plt.subplots(rows, 3, figsize=(11, 3.2 * rows), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(quantities):]:
+        ax.set_visible(False)
     for ax, quantity in zip(axes, quantities):
         for label, values in runs.items():
             xs = sorted(values[quantity])
