@@ -4,7 +4,6 @@ with, one real cell end to end, and the committed map's CSV against its document
 import csv
 import math
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 

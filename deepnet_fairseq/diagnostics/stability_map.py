@@ -20,9 +20,8 @@ A cell
 """
 
 import argparse
-import csv
+import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -176,7 +175,7 @@ def main(argv=None):
     for run_dir in sorted((out / "runs").glob("*/.done")):  # every finished cell, this call's and earlier ones
         name = run_dir.parent.name
         method, depth, lr, warmup, _ = name.rsplit("_", 4)
-        result = sweep.json.loads((run_dir.parent / "result.json").read_text())
+        result = json.loads((run_dir.parent / "result.json").read_text())
         curves = read_curves(run_dir.parent)
         valid_nll = valid_nll_of(run_dir.parent)
         status, reason, src_dep = classify(result, curves, valid_nll, unigram, uniform, args)
