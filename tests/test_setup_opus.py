@@ -5,8 +5,8 @@ import csv
 import json
 
 import pytest
-from conftest import ROOT, SCRIPTS, SHARED_DATA
-from test_setup_pipelines import TINY, paths, timed
+from conftest import SHARED_DATA
+from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq.setups import textprep as tp
 from deepnet_fairseq.setups.evaluate import bleu
@@ -44,15 +44,7 @@ OPUS_TRAIN = TINY + ["train.max_update=200", "train.warmup_updates=66", "train.l
 def opus(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("opus")
     raw = opus_layout(tmp)
-    config = ROOT / "configs/opus100.yaml"
-    args = paths(tmp) + OPUS_DATA
-    stages = {}
-    timed(stages, "prepare", ["bash", SCRIPTS / "prepare_opus100.sh", "--raw-dir", raw, "--workers", "2", *args])
-    timed(stages, "binarize", ["bash", SCRIPTS / "binarize.sh", "--config", config, "--workers", "2", *args])
-    timed(stages, "train", ["bash", SCRIPTS / "train_opus100.sh", "--arch", "deepnet", "--layers", "3,3", "--cpu",
-                            *args, *OPUS_TRAIN])
-    proc = timed(stages, "evaluate", ["bash", SCRIPTS / "evaluate.sh", "--config", config, "--arch", "deepnet",
-                                      "--layers", "3,3", "--cpu", *args, *OPUS_TRAIN])
+    stages, proc = all_stages("opus100", raw, paths(tmp) + OPUS_DATA, "deepnet", "3,3", OPUS_TRAIN)
     print(f"\nOPUS-100 pipeline on Multi30k de/en/fr: stage wall times (s) {stages}\n{proc.stdout[-900:]}")
     return {"tmp": tmp, "run": tmp / "runs/opus100/deepnet/3L-3L", "stdout": proc.stdout}
 

@@ -33,6 +33,20 @@ def timed(stages, name, cmd):
     return proc
 
 
+def all_stages(setup, raw, args, arch, layers, train):
+    """A setup's four scripts (prepare, binarize, train, evaluate) on CPU: (wall time per stage, evaluate's output)."""
+    config = ROOT / f"configs/{setup}.yaml"
+    stages = {}
+    timed(stages, "prepare", ["bash", SCRIPTS / f"prepare_{setup.split('_')[0]}.sh", "--raw-dir", raw, "--workers", "2",
+                              *args])
+    timed(stages, "binarize", ["bash", SCRIPTS / "binarize.sh", "--config", config, "--workers", "2", *args])
+    timed(stages, "train", ["bash", SCRIPTS / f"train_{setup.split('_')[0]}.sh", "--arch", arch, "--layers", layers,
+                            "--cpu", *args, *train])
+    proc = timed(stages, "evaluate", ["bash", SCRIPTS / "evaluate.sh", "--config", config, "--arch", arch,
+                                      "--layers", layers, "--cpu", *args, *train])
+    return stages, proc
+
+
 def records(tmp):
     return [json.loads(line) for line in (tmp / "results.jsonl").read_text().splitlines()]
 

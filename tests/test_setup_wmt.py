@@ -4,8 +4,8 @@ Moses -a, compound-split BLEU and detokenised sacreBLEU."""
 import json
 
 import pytest
-from conftest import ROOT, SCRIPTS, SHARED_DATA
-from test_setup_pipelines import TINY, paths, timed
+from conftest import SHARED_DATA
+from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq.setups import textprep as tp
 from deepnet_fairseq.setups.evaluate import bleu
@@ -21,19 +21,12 @@ def wmt(tmp_path_factory):
         for name, n in (("newstest2013", 300), ("newstest2014", 300)):
             news = (SHARED_DATA / f"wmt_newstest_de_en/{name}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             tp.write_lines(raw / f"{name}.{lang}", news)
-    config = ROOT / "configs/wmt17_en_de.yaml"
     args = paths(tmp) + ["data.train=[train]", "data.valid=[newstest2013]", "data.test=[newstest2014]",
                          "prep.bpe_merges=2000"]
     train = TINY + ["train.max_update=40", "train.warmup_updates=20", "train.lr=3e-3", "train.max_tokens=2048",
                     "train.batch_tokens=2048", "train.save_interval_updates=20", "train.validate_interval_updates=40",
                     "eval.average_last=2", "eval.max_tokens=4000"]
-    stages = {}
-    timed(stages, "prepare", ["bash", SCRIPTS / "prepare_wmt17.sh", "--raw-dir", raw, "--workers", "2", *args])
-    timed(stages, "binarize", ["bash", SCRIPTS / "binarize.sh", "--config", config, "--workers", "2", *args])
-    timed(stages, "train", ["bash", SCRIPTS / "train_wmt17.sh", "--arch", "postln", "--layers", "2,2", "--cpu",
-                            *args, *train])
-    proc = timed(stages, "evaluate", ["bash", SCRIPTS / "evaluate.sh", "--config", config, "--arch", "postln",
-                                      "--layers", "2,2", "--cpu", *args, *train])
+    stages, proc = all_stages("wmt17_en_de", raw, args, "postln", "2,2", train)
     print(f"\nWMT-17 pipeline on a Multi30k slice: stage wall times (s) {stages}\n{proc.stdout[-600:]}")
     return {"tmp": tmp, "raw": raw, "run": tmp / "runs/wmt17_en_de/postln/2L-2L", "stdout": proc.stdout}
 
