@@ -18,14 +18,14 @@ Stages (STAGES, space-separated, in this order):
   ab        python -m benchmarks.gpu: fp16/bf16 A/B at 100L-100L d512, TFLOP/s vs peak, apex on/off,
             depth search (gpu_check.json/.log)                                  ~4 min on an H200
   scaler    benchmarks/fp16_scaler_check.sh (fp16_scaler.log)                    ~1-2 min
-  compile   python -m benchmarks.compile_speed --device cuda --shapes gpu --extra-args --fp16:
+  compile   python -m benchmarks.compile_speed --device cuda --shapes gpu --extra-args=--fp16:
             deepnet_transformer eager vs --compile-layers, 18L-18L IWSLT size at 4,096 target
             tokens and 100L-100L d512 at 8,192 (gpu_compile.json/.log), then the IWSLT shape with
             --compile-layers-mode reduce-overhead (CUDA graphs; gpu_compile_cudagraphs.json/.log)
-                                                                             not timed on a GPU yet
+                                                                             ~3 min on an H200
   optim     python -m benchmarks.compile_speed --device cuda --against adam_foreach_mefp16: fairseq's fp16
             Adam (fp32 master copy) vs --memory-efficient-fp16 --optimizer adam_foreach, 18L-18L IWSLT
-            size (gpu_optim.json/.log)                                       not timed on a GPU yet
+            size (gpu_optim.json/.log)                                       ~1 min on an H200
 Default STAGES="ab scaler"; the compile check alone: STAGES=compile benchmarks/gpu_check.sh OUT_DIR
 On the project's GPU machine (no network), first: source .device/setup.sh (../shared/device/README.md).
 Environment:
@@ -78,23 +78,25 @@ for stage in $STAGES; do
       PYTHON="$PYTHON" UPDATES="${UPDATES:-100}" benchmarks/fp16_scaler_check.sh "$OUT_DIR" ;;
     compile)
       if [ "${SMOKE:-0}" = 1 ]; then
+        # --extra-args=--cpu (a no-op here) takes the GPU line's `=` form: argparse reads a separate
+        # value that starts with '-' as an option and stops ("expected one argument")
         run_logged gpu_compile_smoke "$PYTHON" -m benchmarks.compile_speed --shapes tiny --rounds "$ROUNDS" \
-          --steps "$STEPS" --warmup 1 --out "$OUT_DIR/gpu_compile_smoke.json"
+          --steps "$STEPS" --warmup 1 --extra-args=--cpu --out "$OUT_DIR/gpu_compile_smoke.json"
       else
-        run_logged gpu_compile "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes gpu --extra-args "--fp16" \
+        run_logged gpu_compile "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes gpu --extra-args=--fp16 \
           --rounds "$ROUNDS" --steps "$STEPS" --out "$OUT_DIR/gpu_compile.json"
         # CUDA graphs on top (one replay per layer instead of its kernel launches), IWSLT shape only
         run_logged gpu_compile_cudagraphs "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes 18L-18L-iwslt-4096 \
-          --extra-args "--fp16 --compile-layers-mode reduce-overhead" --rounds "$ROUNDS" --steps "$STEPS" \
+          --extra-args="--fp16 --compile-layers-mode reduce-overhead" --rounds "$ROUNDS" --steps "$STEPS" \
           --out "$OUT_DIR/gpu_compile_cudagraphs.json"
       fi ;;
     optim)
       if [ "${SMOKE:-0}" = 1 ]; then
         run_logged gpu_optim_smoke "$PYTHON" -m benchmarks.compile_speed --shapes tiny --against adam_foreach \
-          --rounds "$ROUNDS" --steps "$STEPS" --warmup 1 --out "$OUT_DIR/gpu_optim_smoke.json"
+          --rounds "$ROUNDS" --steps "$STEPS" --warmup 1 --extra-args=--cpu --out "$OUT_DIR/gpu_optim_smoke.json"
       else
         run_logged gpu_optim "$PYTHON" -m benchmarks.compile_speed --device cuda --shapes 18L-18L-iwslt-4096 \
-          --against adam_foreach_mefp16 --extra-args "--fp16" --rounds "$ROUNDS" --steps "$STEPS" \
+          --against adam_foreach_mefp16 --extra-args=--fp16 --rounds "$ROUNDS" --steps "$STEPS" \
           --out "$OUT_DIR/gpu_optim.json"
       fi ;;
     *) echo "gpu_check.sh: unknown stage '$stage' (ab, scaler, compile, optim)" >&2; exit 2 ;;
