@@ -104,7 +104,7 @@ def multi30k_bin(tmp_path_factory, multi30k):
 
 @pytest.fixture(scope="session")
 def deepnet_run(tmp_path_factory, multi30k_bin):
-    """A 12L-12L d64 DeepNet trained 60 updates through the real fairseq-train CLI (shared by tests):
+    """A 6L-6L d64 DeepNet trained 60 updates through the real fairseq-train CLI (shared by tests):
     (checkpoint folder, its output)."""
     save = built_once(tmp_path_factory, "deepnet_run", lambda save: train_deepnet(multi30k_bin, save))
     return save, (save / "train.log").read_text()
@@ -112,7 +112,7 @@ def deepnet_run(tmp_path_factory, multi30k_bin):
 
 def train_deepnet(multi30k_bin, save):
     proc = run([BIN / "fairseq-train", multi30k_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
-                "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "12", "--decoder-layers", "12",
+                "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "6", "--decoder-layers", "6",
                 *TINY_MODEL, "--share-all-embeddings", "--dropout", "0.1",
                 "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt",
                 "--warmup-updates", "20", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

@@ -23,7 +23,7 @@ def test_plain_checkpoint_needs_only_allow_listed_globals(deepnet_run):
     assert needed <= allowed_global_names()
     state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt))  # weights-only, with the plugin's allow-list
     assert state["cfg"]["model"].arch == "deepnet_transformer_iwslt_de_en"
-    assert state["model"]["encoder.layers.0.deepnorm_alpha"].item() == pytest.approx(0.81 * 12 ** (5 / 16))
+    assert state["model"]["encoder.layers.0.deepnorm_alpha"].item() == pytest.approx(0.81 * 6 ** (5 / 16))
 
 
 def test_weights_only_is_not_switched_off():

@@ -5,10 +5,12 @@ Fast tests (no training). The end-to-end pipelines are in test_setup_{pipelines,
 
 import re
 import shlex
+import sys
 
 import pytest
 from conftest import ROOT, SHARED_DATA, run
 
+from deepnet_fairseq import FRONT_ENDS
 from deepnet_fairseq.setups import config as cfgmod
 from deepnet_fairseq.setups import launch
 from deepnet_fairseq.setups import textprep as tp
@@ -319,3 +321,13 @@ def test_launch_sizes_max_tokens_from_the_visible_gpus(capsys, monkeypatch):
     assert launch.main([str(CONFIGS["wmt17_en_de"]), "--dry-run", "--arch", "deepnet", "--gpus", "8",
                         "train.max_tokens_gpu_gib=32"]) == 2
     assert "no GPU is visible; give --gpu-memory-gib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", FRONT_ENDS)
+def test_setup_front_ends_start_without_importing_fairseq_or_torch(module):
+    """prepare (text, binarize) and launch only start fairseq in subprocesses; fairseq's own entry points
+    (fairseq-train --user-dir, every other test) still get the plugin registered."""
+    proc = run([sys.executable, "-X", "importtime", "-m", module, "--help"])
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert module.rsplit(".", 1)[0] in imported and not {"torch", "fairseq"} & imported
+    assert "usage" in proc.stdout.lower()

@@ -13,8 +13,10 @@ the-source baseline is scored the same way. Results go to <run>/eval/ and a reco
 import argparse
 import csv
 import json
+import logging
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -34,29 +36,66 @@ def bleu(hyps, refs, tokenize, lowercase=False):
     return round(metric.corpus_score(hyps, [refs]).score, 2), str(metric.get_signature())
 
 
-def generate(cfg, checkpoint, gen_args, cpu, log_path, plugin=True):
-    """Run fairseq-generate (with ``--user-dir deepnet_fairseq`` unless ``plugin`` is False); returns the
-    hypotheses ordered by sentence id."""
-    program = str(BIN_DIR / "fairseq-generate") if (BIN_DIR / "fairseq-generate").exists() else "fairseq-generate"
+def generate_args(cfg, checkpoint, gen_args, cpu, plugin=True):
+    """fairseq-generate's arguments (with ``--user-dir deepnet_fairseq`` unless ``plugin`` is False)."""
     ev = cfg["eval"]
-    cmd = [program, str(Path(cfg["paths"]["work"]) / "bin")] + (["--user-dir", str(PACKAGE_DIR)] if plugin else []) + [
-           "--path", str(checkpoint),
-           "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
-           "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"]),
-           # fairseq 0.12's batch_by_size drops a last batch whose size is not a multiple of 8 otherwise
-           "--required-batch-size-multiple", "1"] + gen_args + (["--cpu"] if cpu else [])
+    return [str(Path(cfg["paths"]["work"]) / "bin")] + (["--user-dir", str(PACKAGE_DIR)] if plugin else []) + [
+            "--path", str(checkpoint),
+            "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
+            "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"]),
+            # fairseq 0.12's batch_by_size drops a last batch whose size is not a multiple of 8 otherwise
+            "--required-batch-size-multiple", "1"] + gen_args + (["--cpu"] if cpu else [])
+
+
+def hypotheses(output):
+    """fairseq-generate's hypotheses (H- lines), ordered by sentence id."""
+    hyps = {}
+    for line in output.splitlines():
+        match = re.match(r"^H-(\d+)\t[^\t]*\t?(.*)$", line)
+        if match:
+            hyps[int(match.group(1))] = match.group(2)
+    return [hyps.get(i, "") for i in range(max(hyps) + 1)] if hyps else []
+
+
+def generate(cfg, checkpoint, gen_args, cpu, log_path, plugin=True):
+    """Run fairseq-generate; returns the hypotheses ordered by sentence id."""
+    program = str(BIN_DIR / "fairseq-generate") if (BIN_DIR / "fairseq-generate").exists() else "fairseq-generate"
+    cmd = [program] + generate_args(cfg, checkpoint, gen_args, cpu, plugin)
     print("[evaluate] " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log_path.write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
         raise tp.DataError(f"fairseq-generate failed ({tail}); log: {log_path}")
-    hyps = {}
-    for line in proc.stdout.splitlines():
-        match = re.match(r"^H-(\d+)\t[^\t]*\t?(.*)$", line)
-        if match:
-            hyps[int(match.group(1))] = match.group(2)
-    return [hyps.get(i, "") for i in range(max(hyps) + 1)] if hyps else []
+    return hypotheses(proc.stdout)
+
+
+def generate_here(cfg, checkpoint, gen_args, cpu, log_path):
+    """fairseq-generate's own ``main`` with generate()'s arguments, in this process: one start (imports,
+    plugin) for all the directions of a multilingual model instead of one each. Its log and output go to
+    ``log_path``; returns the hypotheses ordered by sentence id."""
+    from fairseq import options
+    from fairseq_cli.generate import main as fairseq_generate
+
+    results = log_path.with_name(log_path.name + ".d")  # fairseq writes generate-<subset>.txt there
+    argv = generate_args(cfg, checkpoint, gen_args, cpu) + ["--results-path", str(results)]
+    print("[evaluate] fairseq-generate (in this process) " + " ".join(shlex.quote(c) for c in argv), flush=True)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    with open(log_path, "w", encoding="utf-8") as log:
+        root.handlers = [logging.StreamHandler(log)]
+        root.setLevel(logging.INFO)
+        try:
+            fairseq_generate(options.parse_args_and_arch(options.get_generation_parser(), input_args=argv))
+        except (Exception, SystemExit) as error:  # argparse exits; anything else is fairseq's failure
+            logging.exception("fairseq-generate failed")
+            raise tp.DataError(f"fairseq-generate failed ({type(error).__name__}: {error}); log: {log_path}") from None
+        finally:
+            root.handlers, root.level = handlers, level
+        output = (results / f"generate-{cfg['eval']['subset']}.txt").read_text(encoding="utf-8")
+        log.write(output)
+    shutil.rmtree(results)
+    return hypotheses(output)
 
 
 def ctranslate2_hypotheses(cfg, checkpoint, out):
@@ -164,7 +203,7 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out):
         gen_args = ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
                     "--langs", ",".join(data["langs"]), "--source-lang", s, "--target-lang", t,
                     "--encoder-langtok", "src", "--decoder-langtok", "--remove-bpe", "sentencepiece"]
-        hyps = generate(cfg, checkpoint, gen_args, cpu, out / f"generate.{direction}.log")
+        hyps = generate_here(cfg, checkpoint, gen_args, cpu, out / f"generate.{direction}.log")
         refs = tp.read_lines(ref_path)
         sources = tp.read_lines(work / "ref" / f"test.{corpus}.{s}")
         tp.write_lines(out / f"hyp.{direction}.{t}", hyps)

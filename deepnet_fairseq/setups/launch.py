@@ -240,9 +240,12 @@ def deepnorm_record(arch, layers):
         return None
     from dataclasses import asdict
 
-    from ..models.deepnorm import deepnorm_constants
-
-    return asdict(deepnorm_constants(*layers))
+    # models/deepnorm.py (the formulas' one home) is plain Python; loaded by its path, it comes without
+    # models/__init__.py, which imports fairseq and every architecture into this front end
+    spec = importlib.util.spec_from_file_location("deepnorm_formulas", PACKAGE_DIR / "models" / "deepnorm.py")
+    deepnorm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deepnorm)
+    return asdict(deepnorm.deepnorm_constants(*layers))
 
 
 def append_record(path, record):
