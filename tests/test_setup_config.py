@@ -331,3 +331,27 @@ def test_setup_front_ends_start_without_importing_fairseq_or_torch(module):
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert module.rsplit(".", 1)[0] in imported and not {"torch", "fairseq"} & imported
     assert "usage" in proc.stdout.lower()
+
+
+def test_report_tables_and_plots_bleu_by_updates_for_staged_runs(tmp_path):
+    """Runs evaluated at several update counts (paper_protocol_multi30k.sh) get a by-updates table and plot."""
+    import csv
+    import json
+
+    from deepnet_fairseq.setups import report
+
+    records = []
+    for arch, bleus in (("deepnet", (10.53, 20.1)), ("preln", (10.61, 19.5))):
+        for updates, score in zip((2000, 4000), bleus):
+            common = {"setup": "iwslt14_de_en", "arch": arch, "encoder_layers": 18, "decoder_layers": 18, "updates": updates}
+            records += [dict(common, kind="train", valid_loss=6.5 - updates / 1000, diverged=False),
+                        dict(common, kind="eval", bleu=score, signature="tok:none")]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert report.main([str(results), "--out-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out/results.md").read_text()
+    assert "| Pre-LN | 19.50 |" in text and "| DeepNet | 20.10 |" in text  # the depth table: latest evaluation
+    assert "| model | 2000 | 4000 |" in text and "| DeepNet | 10.53 (4.500) | 20.10 (2.500) |" in text
+    rows = list(csv.reader((tmp_path / "out/iwslt14_de_en_18L-18L_by_updates.csv").open()))
+    assert rows[0] == ["model", "updates", "bleu", "valid_loss"] and ["Pre-LN", "4000", "19.5", "2.5"] in rows
+    assert (tmp_path / "out/iwslt14_de_en_18L-18L_by_updates.png").read_bytes()[:4] == b"\x89PNG"

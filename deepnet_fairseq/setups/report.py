@@ -4,7 +4,9 @@
 
 For every setup: a table of BLEU with one row per architecture and one column per depth (the
 latest evaluation of each run; "diverged" where training diverged), written as Markdown and CSV,
-plus ``runs.csv`` listing every record.
+plus ``runs.csv`` listing every record. Where runs were evaluated at several update counts (a run
+continued in stages, e.g. scripts/paper_protocol_multi30k.sh), also BLEU and valid loss by updates
+for each depth: a table and a plot ``<setup>_<depth>_by_updates.{csv,png}``.
 """
 
 import argparse
@@ -59,6 +61,46 @@ def tables(records):
     return result
 
 
+def curves(records):
+    """(setup, depth) -> {arch: {updates: (BLEU, valid loss)}} where some run was evaluated at 2+ update counts."""
+    out = {}
+    for r in records:
+        if r.get("encoder_layers") is None or r.get("updates") is None:
+            continue
+        point = out.setdefault((r["setup"], depth(r)), {}).setdefault(r["arch"], {}).setdefault(r["updates"], [None, None])
+        if r["kind"] == "eval":
+            point[0] = r["bleu"]
+        elif r["kind"] == "train":
+            point[1] = r.get("valid_loss")
+    return {key: {arch: {u: tuple(v) for u, v in sorted(points.items()) if v[0] is not None}
+                  for arch, points in sorted(archs.items(), key=lambda a: (ARCH_ORDER.get(a[0], 9), a[0]))}
+            for key, archs in out.items()
+            if max(sum(v[0] is not None for v in points.values()) for points in archs.values()) >= 2}
+
+
+def plot_curves(archs, title, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for arch, points in archs.items():
+        updates = sorted(points)
+        left.plot(updates, [points[u][0] for u in updates], marker="o", label=ARCH_NAMES.get(arch, arch))
+        losses = [(u, points[u][1]) for u in updates if points[u][1] is not None]
+        right.plot([u for u, _ in losses], [v for _, v in losses], marker="o", label=ARCH_NAMES.get(arch, arch))
+    left.set(xlabel="updates", ylabel="test BLEU", title=title)
+    right.set(xlabel="updates", ylabel="valid loss (bits)", title=title)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path.with_name(f".{path.name}.tmp.png"), dpi=120)
+    plt.close(fig)
+    path.with_name(f".{path.name}.tmp.png").rename(path)
+
+
 def markdown(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -98,6 +140,18 @@ def main(argv=None):
         buffer = io.StringIO()
         csv.writer(buffer).writerows([header] + rows)
         write_atomic(out / f"{setup}.csv", buffer.getvalue())
+    for (setup, key), archs in sorted(curves(records).items()):
+        updates = sorted({u for points in archs.values() for u in points})
+        header = ["model"] + [str(u) for u in updates]
+        rows = [[ARCH_NAMES.get(a, a)] + [(f"{p[u][0]:.2f}" + (f" ({p[u][1]:.3f})" if p[u][1] is not None else ""))
+                                         if u in p else "-" for u in updates] for a, p in archs.items()]
+        sections.append(f"## {setup}, {key}: by updates\n\nBLEU (valid loss) after each number of updates\n\n"
+                        f"{markdown(header, rows)}\n")
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows([["model", "updates", "bleu", "valid_loss"]] + [
+            [ARCH_NAMES.get(a, a), u, p[u][0], "" if p[u][1] is None else p[u][1]] for a, p in archs.items() for u in p])
+        write_atomic(out / f"{setup}_{key}_by_updates.csv", buffer.getvalue())
+        plot_curves(archs, f"{setup}, {key}", out / f"{setup}_{key}_by_updates.png")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=RUN_FIELDS, extrasaction="ignore")
     writer.writeheader()
@@ -106,7 +160,8 @@ def main(argv=None):
     text = "# Results\n\n" + "\n".join(sections)
     write_atomic(out / "results.md", text)
     print(text)
-    print(f"[report] {len(records)} records -> {out}/results.md, {out}/runs.csv and one CSV per setup")
+    print(f"[report] {len(records)} records -> {out}/results.md, {out}/runs.csv, one CSV per setup"
+          + (" and the by-updates tables and plots" if curves(records) else ""))
     return 0
 
 
