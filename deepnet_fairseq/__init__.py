@@ -9,10 +9,10 @@ import logging
 import os
 import sys
 
-# The setups' front ends that prepare text and start fairseq in subprocesses (scripts/prepare_*.sh,
-# binarize.sh, train_*.sh): their own process needs neither fairseq nor torch, whose imports cost about
+# Front ends that prepare text and start fairseq in subprocesses (scripts/prepare_*.sh, binarize.sh,
+# train_*.sh, make demo): their own process needs neither fairseq nor torch, whose imports cost about
 # 3 CPU s per start, so importing the package from them registers nothing.
-FRONT_ENDS = ("deepnet_fairseq.setups.prepare", "deepnet_fairseq.setups.launch")
+FRONT_ENDS = ("deepnet_fairseq.setups.prepare", "deepnet_fairseq.setups.launch", "deepnet_fairseq.demo")
 
 
 def _started_as_front_end():

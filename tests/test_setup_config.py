@@ -325,8 +325,8 @@ def test_launch_sizes_max_tokens_from_the_visible_gpus(capsys, monkeypatch):
 
 @pytest.mark.parametrize("module", FRONT_ENDS)
 def test_setup_front_ends_start_without_importing_fairseq_or_torch(module):
-    """prepare (text, binarize) and launch only start fairseq in subprocesses; fairseq's own entry points
-    (fairseq-train --user-dir, every other test) still get the plugin registered."""
+    """prepare (text, binarize), launch and the demo only start fairseq in subprocesses; fairseq's own entry
+    points (fairseq-train --user-dir, every other test) still get the plugin registered."""
     proc = run([sys.executable, "-X", "importtime", "-m", module, "--help"])
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert module.rsplit(".", 1)[0] in imported and not {"torch", "fairseq"} & imported
