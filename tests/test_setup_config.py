@@ -345,7 +345,8 @@ def test_report_tables_and_plots_bleu_by_updates_for_staged_runs(tmp_path):
         for updates, score in zip((2000, 4000), bleus):
             common = {"setup": "iwslt14_de_en", "arch": arch, "encoder_layers": 18, "decoder_layers": 18, "updates": updates}
             records += [dict(common, kind="train", valid_loss=6.5 - updates / 1000, diverged=False),
-                        dict(common, kind="eval", bleu=score, signature="tok:none")]
+                        dict(common, kind="eval", bleu=score, signature="tok:none", max_update=updates,
+                             updates=updates - 100 * (arch == "deepnet"))]  # last update checkpoint before the end
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert report.main([str(results), "--out-dir", str(tmp_path / "out")]) == 0

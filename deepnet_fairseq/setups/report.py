@@ -62,12 +62,15 @@ def tables(records):
 
 
 def curves(records):
-    """(setup, depth) -> {arch: {updates: (BLEU, valid loss)}} where some run was evaluated at 2+ update counts."""
+    """(setup, depth) -> {arch: {updates: (BLEU, valid loss)}} where some run was evaluated at 2+ update counts.
+    An evaluation counts at the run's ``max_update`` (the stage it ended), also when its last update checkpoint
+    is older (fairseq names a save at an epoch's end ``checkpoint<epoch>.pt``, which the average leaves out)."""
     out = {}
     for r in records:
-        if r.get("encoder_layers") is None or r.get("updates") is None:
+        updates = r.get("max_update") or r.get("updates")
+        if r.get("encoder_layers") is None or updates is None:
             continue
-        point = out.setdefault((r["setup"], depth(r)), {}).setdefault(r["arch"], {}).setdefault(r["updates"], [None, None])
+        point = out.setdefault((r["setup"], depth(r)), {}).setdefault(r["arch"], {}).setdefault(updates, [None, None])
         if r["kind"] == "eval":
             point[0] = r["bleu"]
         elif r["kind"] == "train":
