@@ -21,9 +21,9 @@ demo: install
 	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)
 
 # pytest-xdist workers given whole test modules, the longest first (tests/conftest.py); one worker more
-# than cores, so that a worker waiting on a subprocess's start leaves its core to the others (2 cores:
-# 5:07 with 3 workers, 5:20 with 2)
-PARALLEL := -n $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 ))) --dist loadfile --no-loadscope-reorder
+# than cores, so that a worker waiting on a subprocess's start leaves its core to the others. Cores as
+# nproc counts them without OMP_NUM_THREADS, which nproc would obey (CI sets it to 1).
+PARALLEL := -n $(shell echo $$(( $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1) + 1 ))) --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(PY) -m pytest -q $(PARALLEL) -m "not slow" tests $(PYTEST_ARGS)

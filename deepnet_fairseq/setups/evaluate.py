@@ -78,7 +78,8 @@ def generate_here(cfg, checkpoint, gen_args, cpu, log_path):
     from fairseq_cli.generate import main as fairseq_generate
 
     results = log_path.with_name(log_path.name + ".d")  # fairseq writes generate-<subset>.txt there
-    argv = generate_args(cfg, checkpoint, gen_args, cpu) + ["--results-path", str(results)]
+    # no loader worker: in a process that lives on, torch joins it with a 5-second timeout per direction
+    argv = generate_args(cfg, checkpoint, gen_args, cpu) + ["--num-workers", "0", "--results-path", str(results)]
     print("[evaluate] fairseq-generate (in this process) " + " ".join(shlex.quote(c) for c in argv), flush=True)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
