@@ -110,7 +110,8 @@ def train(args, data, arch, run_dir):
            "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.0", "--report-accuracy",
            "--diag-update-norm-interval", "10", "--divergence-guard",
            "--max-tokens", "1000", "--max-update", args.updates, "--seed", args.seed, "--cpu", "--num-workers", "0",
-           "--log-format", "json", "--log-interval", "1", "--validate-interval", "100000", "--no-save"]
+           "--log-format", "json", "--log-interval", "1", "--validate-interval", "100000", "--no-save",
+           "--save-dir", run_dir / "checkpoints"]  # fairseq probes its save dir even with --no-save: one per run
     (run_dir / "command.txt").write_text(" ".join(map(str, cmd)) + "\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with open(run_dir / "train.log", "w") as log:

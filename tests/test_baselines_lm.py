@@ -98,7 +98,7 @@ def test_deepnet_lm_trains_with_fairseq_language_modeling(tmp_path, multi30k):
                "--arch", "deepnet_transformer_lm", "--decoder-layers", 6, *LM_SHAPE, "--tokens-per-sample", 64,
                "--share-decoder-input-output-embed", "--optimizer", "adam", "--lr", 1e-3, "--lr-scheduler",
                "inverse_sqrt", "--warmup-updates", 5, "--max-tokens", 1024, "--max-update", 20, "--cpu",
-               "--no-save", "--log-format", "json", "--log-interval", 1, "--seed", 1, "--num-workers", 0]).stdout
+               "--no-save", "--save-dir", tmp_path / "checkpoints", "--log-format", "json", "--log-interval", 1, "--seed", 1, "--num-workers", 0]).stdout
     records = [json.loads(line.split("|", 3)[-1]) for line in log.splitlines() if "| train_inner |" in line]
     losses = [float(r["loss"]) for r in records]
     assert len(losses) == 20 and all(math.isfinite(v) for v in losses)

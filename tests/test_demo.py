@@ -23,6 +23,9 @@ def test_demo_prints_a_short_report_and_writes_the_summary(tmp_path):
     assert math.log2(16) <= summary["unigram_entropy_bits"] <= math.log2(17)
     for name in ("comparison.txt", "comparison.png"):
         assert (tmp_path / name).stat().st_size > 500
+    # the runs train at once: each needs its own save dir (fairseq writes and deletes a probe file there)
+    commands = sorted((tmp_path / "runs").glob("*/command.txt"))
+    assert len(commands) == 3 and all(f"--save-dir {c.parent / 'checkpoints'}" in c.read_text() for c in commands)
 
 
 def test_demo_rejects_bad_options(tmp_path):

@@ -109,8 +109,9 @@ def main(argv=None):
     start = time.time()
     data = sweep.build_default_data(out, setting["pairs"])
     lean = run_args(out, setting, PAPER_SCHEDULE["warmup"], UPDATE_ONLY)
-    jobs = [(lean, arch, depth, 1, None) for arch in FAMILY for depth in setting["depths"]]
     d3 = setting["fig3_depth"]
+    # Fig. 5 at Fig. 3's depth is Fig. 3's warm-up run: same training, more diagnostics (which leave it unchanged)
+    jobs = [(lean, arch, depth, 1, None) for arch in FAMILY for depth in setting["depths"] if depth != d3]
     for name, arch, warmup, _ in FIG3_RUNS:
         jobs.append((run_args(out, setting, warmup, EVERYTHING), arch, d3, 1, f"fig3_{name}_L{d3}"))
     jobs.append((run_args(out, dict(setting, updates=1), PAPER_SCHEDULE["warmup"], EVERYTHING), PRELN, d3, 1,
@@ -123,6 +124,9 @@ def main(argv=None):
               + (f", diverged: {r['reason']}" if r["diverged"] == "yes" else ""), flush=True)
 
     run_dir = {(job[1], job[2], job[4]): out / "runs" / (job[4] or f"{job[1]}_L{job[2]}_s1") for job, _ in results}
+    for name, arch, warmup, _ in FIG3_RUNS:
+        if warmup == PAPER_SCHEDULE["warmup"]:
+            run_dir[arch, d3, None] = run_dir[arch, d3, f"fig3_{name}_L{d3}"]
     fig5 = [(FAMILY[arch], depth, update_norms(read_curves(run_dir[arch, depth, None])))
             for arch in FAMILY for depth in setting["depths"]]
     fig3 = {name: read_curves(run_dir[arch, d3, f"fig3_{name}_L{d3}"]) for name, arch, _, _ in FIG3_RUNS}
