@@ -103,6 +103,15 @@ def multi30k_bin(tmp_path_factory, multi30k):
 
 
 @pytest.fixture(scope="session")
+def multi30k_small_bin(tmp_path_factory, multi30k):
+    """First 400 training pairs (~12 updates an epoch at --max-tokens 500) and 24 valid pairs, joined dictionary:
+    for the tests that train a few updates or only need a dictionary."""
+    splits = {"train": ("train", 400), "valid": ("valid", 24)}
+    work = built_once(tmp_path_factory, "multi30k_small", lambda work: binarise_multi30k_slice(multi30k, work, splits))
+    return work / "bin"
+
+
+@pytest.fixture(scope="session")
 def deepnet_run(tmp_path_factory, multi30k_bin):
     """A 6L-6L d64 DeepNet trained 60 updates through the real fairseq-train CLI (shared by tests):
     (checkpoint folder, its output)."""

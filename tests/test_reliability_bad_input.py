@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, binarise_multi30k_slice, run
+from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
 
 from deepnet_fairseq.setups import prepare
 
@@ -123,18 +123,13 @@ def test_disk_full_during_binarisation_leaves_nothing_finished(capsys, tmp_path,
     assert str(work / "bin.tmp") in lines[0]  # names the folder being written
 
 
-@pytest.fixture(scope="module")
-def tiny_bin(tmp_path_factory, multi30k):
-    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("bad_input_bin"), {"train": ("valid", 50)})
-
-
 @pytest.mark.parametrize("options,named", [
     (["--encoder-layers", "0"], "--encoder-layers must be a positive integer, got 0"),
     (["--deepnorm-encoder-alpha", "-1"], "--deepnorm-encoder-alpha must be a finite number > 0, got -1.0"),
     (["--arch", "deepnet_transformr"], "argument --arch/-a: invalid choice: 'deepnet_transformr'"),
 ])
-def test_fairseq_train_rejects_bad_model_options(tiny_bin, tmp_path, options, named):
-    cmd = [BIN / "fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--arch", "deepnet_transformer", *TINY_MODEL,
+def test_fairseq_train_rejects_bad_model_options(multi30k_small_bin, tmp_path, options, named):
+    cmd = [BIN / "fairseq-train", multi30k_small_bin, "--user-dir", USER_DIR, "--arch", "deepnet_transformer", *TINY_MODEL,
            "--encoder-layers", "2", "--decoder-layers", "2", "--optimizer", "adam", "--lr", "1e-3",
            "--max-tokens", "500", "--max-update", "1", "--cpu", "--save-dir", tmp_path / "save", *options]
     proc = run(cmd, check=False)

@@ -19,7 +19,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, binarise_multi30k_slice, free_port, run
+from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, free_port, run
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
 from deepnet_fairseq.checkpoint_safety import allowed_global_names
@@ -73,13 +73,7 @@ def assert_succeeded(status):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, multi30k):
-    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("ckpt_data"),
-                                   {"train": ("train", 400), "valid": ("valid", 24)})
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, data):
+def runs(tmp_path_factory, multi30k_small_bin):
     """{'single': dir, 'dist': dir, 'logs': dir, 'broadcasts': dir} after training, resume included."""
     work = tmp_path_factory.mktemp("ckpt_runs")
     shim = work / "record_shim"
@@ -93,11 +87,11 @@ def runs(tmp_path_factory, data):
     status = {}
     for phase, max_update in (("first", FIRST), ("resume", SECOND)):
         port = free_port()
-        procs = [(start([*train_args(data, single, shim, max_update), "--update-freq", "2", *eval_bleu],
+        procs = [(start([*train_args(multi30k_small_bin, single, shim, max_update), "--update-freq", "2", *eval_bleu],
                         work / f"single_{phase}.log", RANK_ID="s"), work / f"single_{phase}.log")]
         for rank in (0, 1):
             log = work / f"dist_{phase}_{rank}.log"
-            cmd = [*train_args(data, dist, shim, max_update), "--disable-validation",
+            cmd = [*train_args(multi30k_small_bin, dist, shim, max_update), "--disable-validation",
                    "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-no-spawn",
                    "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-backend", "gloo",
                    "--ddp-backend", "legacy_ddp"]
@@ -189,9 +183,9 @@ def test_averaging_a_truncated_checkpoint_names_the_file(runs, tmp_path):
     assert not (tmp_path / "averaged.pt").exists()
 
 
-def test_resuming_a_deepnet_checkpoint_as_preln_is_a_clear_error(runs, data, tmp_path):
+def test_resuming_a_deepnet_checkpoint_as_preln_is_a_clear_error(runs, multi30k_small_bin, tmp_path):
     ckpt = runs["work"] / "dist_first.pt"
-    cmd = [*train_args(data, tmp_path / "save", USER_DIR, 6), "--disable-validation"]
+    cmd = [*train_args(multi30k_small_bin, tmp_path / "save", USER_DIR, 6), "--disable-validation"]
     cmd[cmd.index("deepnet_transformer")] = "preln_transformer"
     proc = run([*cmd, "--restore-file", ckpt], check=False)
     out = proc.stdout + proc.stderr

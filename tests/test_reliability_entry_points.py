@@ -8,7 +8,7 @@ run rerun with the same command trains no update (fairseq alone trains one more 
 import pytest
 import torch
 
-from conftest import BIN, TINY_MODEL, USER_DIR, binarise_multi30k_slice, run
+from conftest import BIN, TINY_MODEL, USER_DIR, run
 
 import deepnet_fairseq  # noqa: F401  (the plugin: allow-list and checked loaders)
 from deepnet_fairseq.training import CorruptCheckpointError
@@ -66,14 +66,9 @@ def test_hub_from_pretrained_names_a_bad_checkpoint(dict_only_data, bad_checkpoi
     assert len(str(info.value).splitlines()) == 1
 
 
-@pytest.fixture(scope="module")
-def tiny_bin(tmp_path_factory, multi30k):
-    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("rerun_data"), {"train": ("train", 120)})
-
-
 @pytest.mark.parametrize("task", ["translation_exact_resume"])  # the multilingual task: test_reliability_multilingual.py
-def test_rerunning_a_finished_run_trains_nothing(tiny_bin, tmp_path, task):
-    cmd = [BIN / "fairseq-train", tiny_bin, "--user-dir", USER_DIR, "--task", task, "--arch", "deepnet_transformer",
+def test_rerunning_a_finished_run_trains_nothing(multi30k_small_bin, tmp_path, task):
+    cmd = [BIN / "fairseq-train", multi30k_small_bin, "--user-dir", USER_DIR, "--task", task, "--arch", "deepnet_transformer",
            "--encoder-layers", "1", "--decoder-layers", "1", *TINY_MODEL, "--optimizer", "adam", "--lr", "1e-3",
            "--max-tokens", "500", "--max-update", "4", "--save-dir", tmp_path, "--no-epoch-checkpoints",
            "--disable-validation", "--num-workers", "0", "--cpu", "--log-format", "json", "--log-interval", "1"]

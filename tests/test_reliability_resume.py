@@ -18,7 +18,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import BIN, ROOT, TINY_MODEL, binarise_multi30k_slice, run
+from conftest import BIN, ROOT, TINY_MODEL, run
 
 from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
 from deepnet_fairseq.training.checkpoint_integrity import repair_last_checkpoint
@@ -69,12 +69,6 @@ KILL_SHIM = textwrap.dedent('''
 
 
 @pytest.fixture(scope="module")
-def small_bin(tmp_path_factory, multi30k):
-    """400 real training pairs: ~12 updates per epoch at --max-tokens 500."""
-    return binarise_multi30k_slice(multi30k, tmp_path_factory.mktemp("resume_data"), {"train": ("train", 400)})
-
-
-@pytest.fixture(scope="module")
 def kill_shim(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shim") / "reliability_shim"
     folder.mkdir()
@@ -122,12 +116,12 @@ def model_state(path):
     return torch.load(path, map_location="cpu")["model"]
 
 
-def test_kill_9_between_and_during_checkpoint_writes_resumes_exactly(small_bin, kill_shim, tmp_path):
+def test_kill_9_between_and_during_checkpoint_writes_resumes_exactly(multi30k_small_bin, kill_shim, tmp_path):
     # the uninterrupted reference run, alongside the interrupted ones (2 cores)
-    ref_proc, ref_log = launch(train_cmd(small_bin, tmp_path / "reference", kill_shim), tmp_path / "ref.log")
+    ref_proc, ref_log = launch(train_cmd(multi30k_small_bin, tmp_path / "reference", kill_shim), tmp_path / "ref.log")
 
     save = tmp_path / "interrupted"
-    cmd = train_cmd(small_bin, save, kill_shim)
+    cmd = train_cmd(multi30k_small_bin, save, kill_shim)
     last = save / "checkpoint_last.pt"
     seen = {}
 
@@ -224,10 +218,10 @@ def test_flipped_byte_loads_silently_without_the_check(good_checkpoint, tmp_path
     assert not torch.equal(loaded, torch.arange(20000, dtype=torch.float32))  # silently wrong values
 
 
-def test_fairseq_train_refuses_a_damaged_restore_file(small_bin, kill_shim, tmp_path, good_checkpoint):
+def test_fairseq_train_refuses_a_damaged_restore_file(multi30k_small_bin, kill_shim, tmp_path, good_checkpoint):
     bad = tmp_path / "checkpoint_1_10.pt"
     bad.write_bytes(good_checkpoint.read_bytes()[:1000])
-    proc = run([*train_cmd(small_bin, tmp_path / "save", kill_shim), "--restore-file", bad], check=False,
+    proc = run([*train_cmd(multi30k_small_bin, tmp_path / "save", kill_shim), "--restore-file", bad], check=False,
                env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {bad}: truncated")  # one line, no traceback
