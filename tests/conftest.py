@@ -135,11 +135,24 @@ IWSLT_DATA = ["data.layout=plain", "data.test=[test2016]", "prep.max_train_lines
 
 
 @pytest.fixture(scope="session")
-def iwslt_work(tmp_path_factory, multi30k):
+def iwslt_raw(tmp_path_factory, multi30k):
+    """Multi30k de-en as the IWSLT-14 setup's raw folder (plain layout), test2016 cut to its first 300 lines."""
+    def build(raw):
+        for lang in ("de", "en"):
+            for stem in ("train", "valid"):
+                (raw / f"{stem}.{lang}").symlink_to(multi30k / f"{stem}.{lang}")
+            lines = (multi30k / f"test2016.{lang}").read_text(encoding="utf-8").splitlines()[:300]
+            (raw / f"test2016.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    return built_once(tmp_path_factory, "iwslt_raw", build)
+
+
+@pytest.fixture(scope="session")
+def iwslt_work(tmp_path_factory, iwslt_raw):
     """The IWSLT-14 setup's prepared and binarised text (its paths.work), made by its own scripts."""
     def build(work):
         args = [f"paths.work={work}", *IWSLT_DATA]
-        run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", multi30k, "--workers", "2", *args])
+        run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", iwslt_raw, "--workers", "2", *args])
         run(["bash", SCRIPTS / "binarize.sh", "--config", ROOT / "configs/iwslt14_de_en.yaml", "--workers", "2", *args])
 
     return built_once(tmp_path_factory, "iwslt_work", build)

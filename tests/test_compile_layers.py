@@ -4,7 +4,8 @@ compiled training step equals the eager one, and everything outside the training
 Cost control: tracing and graph sharing are checked for every architecture with dynamo's "eager"
 backend (traces the graphs, generates no code); inductor's generated code is checked on one
 1L-1L model (fp32, dropout off) and on one layer for the dropout masks activation checkpointing
-relies on.
+relies on, as scalar C++ (``scalar_inductor``: the same graphs and kernels without the vector-ISA code,
+a sixth less compile time on a fresh machine).
 """
 
 import os
@@ -56,6 +57,15 @@ def dynamo_counters():
     counters.clear()
     yield counters
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def scalar_inductor():
+    """Inductor's C++ kernels without vectorisation (cpp.simdlen=1), compiled in this process."""
+    from torch._inductor import config
+
+    with config.patch({"cpp.simdlen": 1, "compile_threads": 1}):
+        yield
 
 
 @pytest.fixture
@@ -215,7 +225,7 @@ def test_checkpoint_activations_with_compile_equals_eager(dict_dir, backend, dyn
     assert dynamo_counters["stats"]["unique_graphs"] <= 8 and not dynamo_counters["graph_break"]
 
 
-def test_inductor_training_steps_match_eager(tmp_path, dynamo_counters):
+def test_inductor_training_steps_match_eager(tmp_path, scalar_inductor, dynamo_counters):
     """Real fairseq Trainer steps with inductor-generated code (1L-1L, fp32, dropout off): the same
     losses and the same parameters after 3 Adam updates. (Activation checkpointing with compiled
     layers: checked above with the tracing backend, and its inductor dropout masks below.)"""
@@ -240,7 +250,7 @@ def test_inductor_training_steps_match_eager(tmp_path, dynamo_counters):
     assert ((params - reference).norm() / reference.norm()).item() < 1e-4
 
 
-def test_compiled_dropout_masks_repeat_under_no_grad_and_grad(dict_dir, dynamo_counters):
+def test_compiled_dropout_masks_repeat_under_no_grad_and_grad(dict_dir, scalar_inductor, dynamo_counters):
     """Activation checkpointing runs a layer under no_grad, then recomputes it with grad after
     restoring the RNG state: inductor's two graphs must draw the same dropout masks."""
     model = build(dict_dir, "deepnet_transformer", "--compile-layers", "--checkpoint-activations",
