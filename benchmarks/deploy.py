@@ -33,7 +33,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from deepnet_fairseq import export  # noqa: E402
-from deepnet_fairseq.setups import textprep as tp  # noqa: E402
+from deepnet_fairseq import textprep as tp  # noqa: E402
 from deepnet_fairseq.setups.average import average_checkpoints, last_checkpoints  # noqa: E402
 from deepnet_fairseq.setups.config import load  # noqa: E402
 from deepnet_fairseq.setups.evaluate import bleu, fairseq_generate_batches, generate  # noqa: E402

@@ -86,10 +86,15 @@ def read_checkpoint(path, average_last=None):
     return state
 
 
+def plain_options(section):
+    """A cfg section as a plain dict (training checkpoints of legacy models and tasks, such as
+    ``translation_multi_simple_epoch``, hold an argparse.Namespace)."""
+    return dict(vars(section)) if isinstance(section, argparse.Namespace) else dict(section or {})
+
+
 def model_options(cfg):
-    """cfg.model as a plain dict (training checkpoints of legacy models hold an argparse.Namespace)."""
-    model = cfg["model"]
-    return dict(vars(model)) if isinstance(model, argparse.Namespace) else dict(model)
+    """cfg.model as a plain dict."""
+    return plain_options(cfg["model"])
 
 
 def model_name(options):
@@ -178,7 +183,7 @@ def plain_cfg(cfg, model_cfg):
     plain["model"] = model_cfg
     if isinstance(plain.get("common"), dict):
         plain["common"] = dict(plain["common"], user_dir=None)
-    task = plain.get("task") or {}
+    task = plain["task"] = plain_options(plain.get("task"))
     if TASK_REGISTRY.get(task.get("_name")) is ExactResumeTranslationTask:
         plain["task"] = dict(task, _name="translation")
     elif is_plugin(TASK_REGISTRY, task.get("_name")):
@@ -320,48 +325,112 @@ def ctranslate2_spec(exported, dict_dir):
     spec.config.decoder_start_token = spec.config.eos_token  # fairseq starts decoding with </s>
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = eps / alphas["decoder"] ** 2
-    return spec, task
+    return spec
 
 
-def find_work_dir(cfg, work=None):
-    """The setup's work folder (``prep.json``, ``bin/``, ``bpe/codes``)."""
-    if work is not None:
-        folder = Path(work)
-    else:
-        data = str(cfg["task"].get("data") or "").split(os.pathsep)[0]
-        folder = Path(data).parent
-    if not (folder / "prep.json").exists():
-        raise ExportError(f"{folder}: not a prepared setup's work folder (no prep.json); give --work DIR "
-                          "(the paths.work the data was prepared in)")
-    return folder
+# -- the translator's languages and text processing (deploy.json) -------------------------------
+
+MULTILINGUAL_TASK = "translation_multi_simple_epoch"
 
 
-def tokenisation_settings(work, run_config=None):
-    """deploy.json's content: languages, the setup's pre/post-processing and its decoding defaults."""
+def language_settings(task_cfg, dict_dir):
+    """The languages, and the language tokens as the checkpoint's task uses them: fairseq's multilingual
+    task prefixes the source with ``__src__`` (``--encoder-langtok src``; ``tgt``: the target's tag) and
+    forces the target's tag as the first output token (``--decoder-langtok``)."""
+    if task_cfg.get("_name") == MULTILINGUAL_TASK:
+        if task_cfg.get("lang_tok_replacing_bos_eos") or list(task_cfg.get("langtoks_specs") or ["main"]) != ["main"]:
+            raise ExportError("CTranslate2 export: language tokens as a prefix only (not --lang-tok-replacing-bos-eos "
+                              "or other --langtoks-specs)")
+        pairs = task_cfg["lang_pairs"]
+        pairs = pairs.split(",") if isinstance(pairs, str) else list(pairs)
+        langs = task_cfg.get("langs") or sorted({lang for pair in pairs for lang in pair.split("-")})
+        return {"source_lang": None, "target_lang": None, "langs": list(langs), "lang_pairs": pairs,
+                "encoder_langtok": task_cfg.get("encoder_langtok"), "decoder_langtok": bool(task_cfg.get("decoder_langtok")),
+                "lang_tok_style": task_cfg.get("lang_tok_style") or "multilingual"}
+    src, tgt = task_cfg.get("source_lang"), task_cfg.get("target_lang")
+    if not (src and tgt):  # fairseq-train infers them from the data folder's train.<src>-<tgt>.* files
+        from fairseq.data.data_utils import infer_language_pair
+
+        src, tgt = infer_language_pair(str(dict_dir))
+        if not (src and tgt):
+            raise ExportError(f"{dict_dir}: no train.<src>-<tgt>.* files, and the checkpoint names no language "
+                              "pair (-s/-t); give --data the fairseq-preprocess folder the model was trained on")
+    return {"source_lang": src, "target_lang": tgt, "langs": None, "lang_pairs": None, "encoder_langtok": None,
+            "decoder_langtok": False, "lang_tok_style": None}
+
+
+def setup_text_settings(work):
+    """A setup's pre- and post-processing (its ``prep.json``), and the files it needs {name in OUTDIR: path}."""
     prep_record = json.loads((work / "prep.json").read_text())
     data, prep = prep_record["data"], prep_record["prep"]
-    if data.get("kind", "bilingual") != "bilingual":
-        raise ExportError(f"{work}: multilingual setups (SentencePiece, language tokens) are not supported by "
-                          "the CTranslate2 export yet; export them with --to transformer")
-    settings = {"source_lang": data["source_lang"], "target_lang": data["target_lang"],
-                "tokenizer": prep["tokenizer"], "lowercase": prep["lowercase"],
-                "moses_escape": prep["moses_escape"], "aggressive_dash_splits": prep["aggressive_dash_splits"]}
-    if not (work / "bpe" / "codes").exists():  # bilingual setups segment with subword-nmt BPE
-        raise ExportError(f"{work / 'bpe' / 'codes'}: missing (the setup's BPE codes)")
-    settings["segmentation"], settings["bpe_codes"] = "bpe", "bpe.codes"
+    if data.get("kind", "bilingual") == "multilingual":  # one SentencePiece model on raw text
+        settings = {"tokenizer": "none", "lowercase": False, "segmentation": "sentencepiece",
+                    "sentencepiece_model": "spm.model"}
+        files = {"spm.model": work / "spm" / "spm.model"}
+    else:  # Moses (normalised, as preparation does) and subword-nmt BPE
+        settings = {"tokenizer": prep["tokenizer"], "moses_normalize": True, "moses_escape": prep["moses_escape"],
+                    "aggressive_dash_splits": prep["aggressive_dash_splits"], "lowercase": prep["lowercase"],
+                    "segmentation": "bpe", "bpe_codes": "bpe.codes"}
+        files = {"bpe.codes": work / "bpe" / "codes"}
+    return settings, files
+
+
+def flag_text_settings(tokenizer=None, bpe=None, bpe_codes=None, sentencepiece_model=None):
+    """fairseq-interactive's pre- and post-processing for these options (fairseq/data/encoders: Moses
+    with its defaults, without punctuation normalisation; subword-nmt BPE; SentencePiece), and the files
+    it needs. Neither: the translator reads and writes the dictionary's tokens."""
+    settings = {"tokenizer": tokenizer or "none", "moses_normalize": False, "moses_escape": True,
+                "aggressive_dash_splits": True, "lowercase": False}
+    files = {}
+    if bpe == "subword_nmt":
+        if not bpe_codes:
+            raise ExportError("--bpe subword_nmt needs --bpe-codes FILE")
+        settings.update(segmentation="bpe", bpe_codes="bpe.codes")
+        files["bpe.codes"] = Path(bpe_codes)
+    elif bpe == "sentencepiece":
+        if not sentencepiece_model:
+            raise ExportError("--bpe sentencepiece needs --sentencepiece-model FILE")
+        settings.update(segmentation="sentencepiece", sentencepiece_model="spm.model")
+        files["spm.model"] = Path(sentencepiece_model)
+    else:
+        settings["segmentation"] = "none"
+    return settings, files
+
+
+def decoding_settings(run_config=None):
+    """The run's eval settings when it has them, else fairseq-generate's defaults."""
     ev = (run_config or {}).get("eval", {})
-    settings["decoding"] = {"beam": ev.get("beam", 5), "lenpen": ev.get("lenpen", 1.0),
-                            "max_len_a": ev.get("max_len_a", 0), "max_len_b": ev.get("max_len_b", 200)}
-    return settings
+    return {"beam": ev.get("beam", 5), "lenpen": ev.get("lenpen", 1.0),
+            "max_len_a": ev.get("max_len_a", 0), "max_len_b": ev.get("max_len_b", 200)}
 
 
-def to_ctranslate2(exported, out_dir, work, quantization=None, run_config=None):
-    """Write a CTranslate2 translator directory: model, dictionaries, tokenisation (``deploy.json``)."""
+def to_ctranslate2(exported, out_dir, work=None, quantization=None, run_config=None, data=None, text=None):
+    """Write a CTranslate2 translator directory: the model, its dictionaries, the files of its text
+    processing and ``deploy.json`` (languages, language tokens, tokenisation, decoding defaults).
+
+    With ``work`` (a setup's work folder) the dictionaries are its ``bin/`` and the text processing is
+    the setup's; else the dictionaries are in ``data`` (default: the checkpoint's training data folder)
+    and the text processing is ``flag_text_settings(**text)``."""
     from ctranslate2.converters.converter import Converter
 
-    settings = tokenisation_settings(work, run_config)
-    dict_dir = work / "bin"
-    spec, task = ctranslate2_spec(exported, dict_dir)
+    if work is not None:
+        work = Path(work)
+        if not (work / "prep.json").exists():
+            raise ExportError(f"{work}: not a prepared setup's work folder (no prep.json)")
+        dict_dir = work / "bin"
+        settings, files = setup_text_settings(work)
+    else:
+        dict_dir = Path(data or str(exported["cfg"]["task"].get("data") or "").split(os.pathsep)[0])
+        settings, files = flag_text_settings(**(text or {}))
+    languages = language_settings(exported["cfg"]["task"], dict_dir)
+    dictionaries = sorted(dict_dir.glob("dict.*.txt"))
+    if not dictionaries:
+        raise ExportError(f"{dict_dir}: no fairseq dictionaries (dict.<lang>.txt); give --data the "
+                          "fairseq-preprocess folder the model was trained on")
+    for name, path in files.items():
+        if not path.is_file():
+            raise ExportError(f"{path}: missing (the {name} the model's text was segmented with)")
+    spec = ctranslate2_spec(exported, dict_dir)
 
     class SpecConverter(Converter):
         def _load(self):
@@ -371,16 +440,32 @@ def to_ctranslate2(exported, out_dir, work, quantization=None, run_config=None):
     tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     SpecConverter().convert(str(tmp), quantization=quantization, force=True)
-    for lang in (settings["source_lang"], settings["target_lang"]):
-        shutil.copy(dict_dir / f"dict.{lang}.txt", tmp / f"dict.{lang}.txt")
-    shutil.copy(work / "bpe" / "codes", tmp / settings["bpe_codes"])
-    settings.update(quantization=quantization or "none", layer_norm_epsilon=spec.config.layer_norm_epsilon,
-                    exported_from=exported["exported_from"])
+    langs = languages["langs"] or (languages["source_lang"], languages["target_lang"])
+    dictionaries = [path for path in dictionaries if path.name[len("dict."):-len(".txt")] in langs]
+    if len({path.read_bytes() for path in dictionaries}) == 1 and languages["langs"]:
+        shutil.copy(dictionaries[0], tmp / "dict.txt")  # a multilingual model's one dictionary, once
+    else:
+        for path in dictionaries:
+            shutil.copy(path, tmp / path.name)
+    for name, path in files.items():
+        shutil.copy(path, tmp / name)
+    model = exported["cfg"]["model"]
+    settings = {**languages, **settings, "decoding": decoding_settings(run_config),
+                "max_source_positions": model.get("max_source_positions", 1024),
+                "max_target_positions": model.get("max_target_positions", 1024),
+                "quantization": quantization or "none", "layer_norm_epsilon": spec.config.layer_norm_epsilon,
+                "exported_from": exported["exported_from"]}
     (tmp / DEPLOY_FILE).write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return out_dir
+
+
+def setup_work_dir(exported, data=None):
+    """The setup's work folder when the training data (or ``data``) is a prepared setup's ``bin/``, else None."""
+    folder = Path(data or str(exported["cfg"]["task"].get("data") or "").split(os.pathsep)[0]).parent
+    return folder if (folder / "prep.json").exists() else None
 
 
 def run_config_for(checkpoint):
@@ -402,21 +487,38 @@ def main(argv=None):
                         help="average the last K update checkpoints of the folder first")
     parser.add_argument("--quantization", choices=("int8", "int8_float16", "float16"),
                         help="ctranslate2: weight type (default: float32, as trained)")
-    parser.add_argument("--work", help="ctranslate2: the setup's work folder (default: the training data's parent)")
+    group = parser.add_argument_group(
+        "ctranslate2: dictionaries and text processing",
+        "A model trained by a setup gets the setup's (found from the training data folder, or --work). "
+        "Any other translation checkpoint: dictionaries from --data (default: the training data folder the "
+        "checkpoint names), text processing as fairseq-interactive's options; none: tokens in, tokens out.")
+    group.add_argument("--work", help="the setup's work folder (default: the training data folder's parent)")
+    group.add_argument("--data", help="the fairseq-preprocess folder with the dictionaries (dict.<lang>.txt)")
+    group.add_argument("--tokenizer", choices=("moses",), help="Moses tokenisation (sacremoses, fairseq's defaults)")
+    group.add_argument("--bpe", choices=("subword_nmt", "sentencepiece"), help="subword segmentation")
+    group.add_argument("--bpe-codes", metavar="FILE", help="--bpe subword_nmt: the BPE codes")
+    group.add_argument("--sentencepiece-model", metavar="FILE", help="--bpe sentencepiece: the SentencePiece model")
     args = parser.parse_args(argv)
     target, out = args.to
+    text = {k: getattr(args, k) for k in ("tokenizer", "bpe", "bpe_codes", "sentencepiece_model") if getattr(args, k)}
     if target not in ("transformer", "ctranslate2"):
         parser.error(f"--to {target}: choose transformer or ctranslate2")
-    if args.quantization and target != "ctranslate2":
-        parser.error("--quantization applies to --to ctranslate2")
+    if target != "ctranslate2" and (args.quantization or args.work or args.data or text):
+        parser.error("--quantization, --work, --data, --tokenizer and --bpe* apply to --to ctranslate2")
+    if args.work and (args.data or text):
+        parser.error("--work takes the setup's dictionaries and text processing; --data, --tokenizer and --bpe* "
+                     "are for checkpoints trained outside a setup")
     try:
         state = read_checkpoint(args.checkpoint, args.average_last)
         exported = to_plain_fairseq(state, source=args.checkpoint)
         if target == "transformer":
             save_atomic(exported, out)
         else:
-            work = find_work_dir(exported["cfg"], args.work)
-            to_ctranslate2(exported, out, work, args.quantization, run_config_for(args.checkpoint))
+            work = args.work or (None if text else setup_work_dir(exported, args.data))
+            if work is None and not text:
+                print("note: no --tokenizer/--bpe: the translator reads and writes the dictionary's tokens, "
+                      "space-separated", file=sys.stderr)
+            to_ctranslate2(exported, out, work, args.quantization, run_config_for(args.checkpoint), args.data, text)
     except (ExportError, CorruptCheckpointError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,12 +1,22 @@
 """Translate raw text with a CTranslate2 directory written by ``python -m deepnet_fairseq.export``.
 
     python -m deepnet_fairseq.translate MODEL_DIR < raw.de > out.en
+    python -m deepnet_fairseq.translate MODEL_DIR --source-lang de --target-lang fr < raw.de > out.fr   (multilingual)
 
-Raw text in, detokenised text out, with the pre- and post-processing of the setup that trained the
-model (``deploy.json`` in MODEL_DIR): Moses normalisation and tokenisation (lowercased where the
-setup lowercased) and BPE with the setup's codes; then beam search in CTranslate2; then BPE
-removal and Moses detokenisation. Decoding defaults (beam, length penalty,
-maximum length ``a * source length + b``) are the setup's ``eval`` settings. Progress goes to stderr.
+Raw text in, text out, with the pre- and post-processing recorded in MODEL_DIR/deploy.json: a setup's
+(Moses normalisation and tokenisation, lowercased where the setup lowercased, BPE with its codes; or
+its SentencePiece model), or fairseq-interactive's options given to the export (--tokenizer moses,
+--bpe subword_nmt / sentencepiece), or none (the dictionary's tokens in and out). A multilingual
+model gets the language tokens its task used: the source's tag before the source, the target's tag
+as the first output token. Then beam search in CTranslate2, subword removal, detokenisation.
+Decoding defaults (beam, length penalty, maximum length ``a * source length + b``) are the run's
+``eval`` settings, else fairseq-generate's.
+
+Every input line gives exactly one output line: an empty line stays empty; invalid UTF-8 is
+replaced by U+FFFD (or, with --invalid-utf8 error, stops the run with one line naming the line
+before anything is translated); a line longer than the model's positions is cut to fit; a line the
+model cannot translate gives an empty line. Each of these is one warning on stderr naming the line.
+Progress goes to stderr.
 """
 
 import argparse
@@ -15,13 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-from .setups import textprep as tp
+from . import textprep as tp
 
 DEPLOY_FILE = "deploy.json"  # written by deepnet_fairseq.export
 
 
 class DeployedTranslator:
-    """A CTranslate2 translator with its setup's tokenisation (MODEL_DIR/deploy.json)."""
+    """A CTranslate2 translator with its text processing and languages (MODEL_DIR/deploy.json)."""
 
     def __init__(self, model_dir, device="cpu", threads=1, compute_type="default"):
         import ctranslate2
@@ -32,65 +42,126 @@ class DeployedTranslator:
             raise tp.DataError(f"{self.model_dir}: not a translator directory (no {DEPLOY_FILE}; "
                                "write one with python -m deepnet_fairseq.export CHECKPOINT --to ctranslate2 DIR)")
         self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
-        if self.settings.get("segmentation") != "bpe":
+        if self.settings.get("segmentation") not in ("bpe", "sentencepiece", "none"):
             raise tp.DataError(f"{settings_path}: segmentation {self.settings.get('segmentation')!r} is not supported")
         self.decoding = self.settings["decoding"]
         self.translator = ctranslate2.Translator(str(self.model_dir), device=device, compute_type=compute_type,
                                                  inter_threads=1, intra_threads=threads)
 
-    # pre- and post-processing: the setup's own (deepnet_fairseq.setups.textprep, fairseq's BPE removal)
+    @property
+    def multilingual(self):
+        return bool(self.settings.get("langs"))
 
-    def segment(self, lines):
-        """Raw sentences -> the subword tokens the model reads."""
+    def languages(self, source_lang=None, target_lang=None):
+        """(source, target) checked against the model's: a multilingual model needs both, from its languages."""
         s = self.settings
-        lines = tp.setup_tokenize(lines, s["source_lang"], s)  # deploy.json holds the prep settings it reads
-        return [line.split() for line in tp.apply_bpe(lines, self.model_dir / s["bpe_codes"])]
+        if not self.multilingual:
+            for given, own, name in ((source_lang, s["source_lang"], "source"), (target_lang, s["target_lang"], "target")):
+                if given not in (None, own):
+                    raise tp.DataError(f"--{name}-lang {given}: this model translates {s['source_lang']}-{s['target_lang']}")
+            return s["source_lang"], s["target_lang"]
+        for given, name in ((source_lang, "source"), (target_lang, "target")):
+            if given not in s["langs"]:
+                raise tp.DataError(f"--{name}-lang {given}: a multilingual model needs --source-lang and --target-lang "
+                                   f"from its languages: {' '.join(s['langs'])}")
+        return source_lang, target_lang
+
+    # pre- and post-processing (deepnet_fairseq.textprep, the setups' own)
+
+    def segment(self, lines, source_lang=None):
+        """Raw sentences -> the subword tokens the model reads (without language tokens)."""
+        s = self.settings
+        lines = tp.pretokenize(lines, source_lang or s["source_lang"], s)
+        if s["segmentation"] == "bpe":
+            lines = tp.apply_bpe(lines, self.model_dir / s["bpe_codes"])
+        elif s["segmentation"] == "sentencepiece":
+            lines = tp.sentencepiece_encode(lines, self.model_dir / s["sentencepiece_model"])
+        return [line.split() for line in lines]
 
     def desegment(self, tokens):
-        """Output subword tokens -> tokenised text (what the setup's tokenised BLEU scores), as
-        fairseq-generate's ``--remove-bpe`` does."""
-        from fairseq.data.data_utils import post_process
+        """Output subword tokens -> tokenised text (what a setup's tokenised BLEU scores), as
+        fairseq-generate's ``--remove-bpe`` (subword_nmt or sentencepiece) does."""
+        return tp.remove_subwords(" ".join(tokens), self.settings["segmentation"])
 
-        return post_process(" ".join(tokens), "subword_nmt")
-
-    def detokenize(self, lines):
+    def detokenize(self, lines, target_lang=None):
         if self.settings["tokenizer"] == "moses":
-            return tp.moses_detokenize(lines, self.settings["target_lang"])
+            return tp.moses_detokenize(lines, target_lang or self.settings["target_lang"])
         return lines
+
+    def language_tokens(self, source_lang, target_lang):
+        """(source prefix, target prefix): the language tokens as the model's task adds them."""
+        s = self.settings
+        if not self.multilingual:
+            return [], []
+        tag = {"src": source_lang, "tgt": target_lang}.get(s["encoder_langtok"])
+        source = [tp.language_token(tag, s["lang_tok_style"])] if tag else []
+        target = [tp.language_token(target_lang, s["lang_tok_style"])] if s["decoder_langtok"] else []
+        return source, target
 
     # decoding
 
-    def translate_segmented(self, sources, beam=None, lenpen=None, max_len_a=None, max_len_b=None,
-                            batch_size=32, batches=None, progress=None):
-        """Subword token lists -> output subword token lists, in input order, as fairseq-generate decodes.
+    def translate_segmented(self, sources, source_lang=None, target_lang=None, beam=None, lenpen=None,
+                            max_len_a=None, max_len_b=None, batch_size=32, batches=None, progress=None, warn=None):
+        """Subword token lists -> output subword token lists, in input order, as fairseq-generate decodes;
+        language tokens added (and removed from the output) as the model's task does.
 
         As in fairseq-generate, the sentences of a batch may produce at most ``max_len_a * (the batch's
-        longest source + </s>) + max_len_b`` tokens. ``batches`` (lists of indices) sets those batches
-        (give fairseq-generate's to get its hypotheses exactly); by default they are ``batch_size``
-        sentences, longest first. Each batch is decoded ``batch_size`` sentences at a time."""
+        longest source + </s>) + max_len_b`` tokens, and no more than the model's positions allow.
+        ``batches`` (lists of indices) sets those batches (give fairseq-generate's to get its hypotheses
+        exactly); by default they are ``batch_size`` sentences, longest first. Each batch is decoded
+        ``batch_size`` sentences at a time. A source longer than the model's positions is cut to fit and
+        an empty one gives an empty output; ``warn(index, message)`` hears of both, and of a sentence
+        that fails to decode (its output is empty)."""
         d = self.decoding
         beam, lenpen = beam or d["beam"], d["lenpen"] if lenpen is None else lenpen
         a = d["max_len_a"] if max_len_a is None else max_len_a
         b = d["max_len_b"] if max_len_b is None else max_len_b
+        warn = warn or (lambda index, message: None)
+        source_prefix, target_prefix = self.language_tokens(*self.languages(source_lang, target_lang))
+        longest = self.settings.get("max_source_positions", 1024) - 1 - len(source_prefix)  # </s> and the tag too
+        outputs, todo = [[] for _ in sources], []
+        tagged = [None] * len(sources)
+        for i, tokens in enumerate(sources):
+            if not tokens:
+                continue  # an empty line translates to an empty line
+            if len(tokens) > longest:
+                warn(i, f"{len(tokens)} tokens, cut to the first {longest} (the model's source positions)")
+                tokens = tokens[:longest]
+            tagged[i] = source_prefix + tokens
+            todo.append(i)
         if batches is None:
-            order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+            order = sorted(todo, key=lambda i: -len(tagged[i]))
             batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-        outputs, done = [None] * len(sources), 0
+        positions_left = self.settings.get("max_target_positions", 1024) - 1
+        done = 0
         for batch in batches:
-            limit = max(1, int(a * (max(len(sources[i]) for i in batch) + 1) + b))
-            batch = sorted(batch, key=lambda i: -len(sources[i]))
+            batch = sorted((i for i in batch if tagged[i]), key=lambda i: -len(tagged[i]))
+            if not batch:
+                continue
+            limit = max(1, min(int(a * (len(tagged[batch[0]]) + 1) + b), positions_left))
             for chunk in (batch[start:start + batch_size] for start in range(0, len(batch), batch_size)):
-                chunk_sources = [sources[i] for i in chunk]
-                results = self.translator.translate_batch(
-                    chunk_sources, beam_size=beam, num_hypotheses=beam, length_penalty=lenpen,
-                    max_decoding_length=limit, max_input_length=0)
-                best = self.best_hypotheses(chunk_sources, [r.hypotheses for r in results], limit, lenpen)
-                for i, hypothesis in zip(chunk, best):
-                    outputs[i] = hypothesis
+                for i, hypothesis in zip(chunk, self.decode_chunk([tagged[i] for i in chunk], target_prefix, beam,
+                                                                  lenpen, limit, chunk, warn)):
+                    outputs[i] = [token for token in hypothesis if token not in target_prefix]
                 done += len(chunk)
                 if progress:
-                    progress(done, len(sources))
+                    progress(done, len(todo))
         return outputs
+
+    def decode_chunk(self, sources, target_prefix, beam, lenpen, limit, indices, warn):
+        """Beam search on one chunk; if it fails, sentence by sentence, so that one bad sentence (an
+        empty output, warned about) never loses the others."""
+        try:
+            results = self.translator.translate_batch(
+                sources, [target_prefix] * len(sources) if target_prefix else None, beam_size=beam,
+                num_hypotheses=beam, length_penalty=lenpen, max_decoding_length=limit, max_input_length=0)
+            return self.best_hypotheses(sources, [r.hypotheses for r in results], limit, lenpen)
+        except (RuntimeError, ValueError) as error:
+            if len(sources) == 1:
+                warn(indices[0], f"not translated ({type(error).__name__}: {error}); output left empty")
+                return [[]]
+            return [self.decode_chunk([source], target_prefix, beam, lenpen, limit, [i], warn)[0]
+                    for source, i in zip(sources, indices)]
 
     def best_hypotheses(self, sources, nbest, limit, lenpen):
         """CTranslate2's best, except where the length limit was reached: there fairseq ends each hypothesis
@@ -109,10 +180,38 @@ class DeployedTranslator:
                 best_score[j], best[j] = score, hypothesis
         return best
 
-    def translate(self, lines, batch_size=32, progress=None, **decoding):
-        """Raw sentences -> detokenised translations."""
-        outputs = self.translate_segmented(self.segment(lines), batch_size=batch_size, progress=progress, **decoding)
-        return self.detokenize([self.desegment(tokens) for tokens in outputs])
+    def translate(self, lines, source_lang=None, target_lang=None, batch_size=32, progress=None, warn=None,
+                  **decoding):
+        """Raw sentences -> translations (detokenised), one per sentence."""
+        outputs = self.translate_segmented(self.segment(lines, source_lang), source_lang, target_lang,
+                                           batch_size=batch_size, progress=progress, warn=warn, **decoding)
+        return self.detokenize([self.desegment(tokens) for tokens in outputs], target_lang)
+
+
+def decode_lines(data, invalid_utf8="replace", warn=None):
+    """Bytes -> text lines, one per ``\\n`` (a ``\\r`` before it dropped), plus a last line without one.
+    Invalid UTF-8 is replaced by U+FFFD and warned about (``warn(index, message)``), or with
+    ``invalid_utf8="error"`` a ``DataError`` naming the first such line."""
+    raw = data.split(b"\n")
+    if raw[-1] == b"":
+        raw.pop()  # the newline that ends the last line
+    lines = []
+    for i, line in enumerate(raw):
+        line = line[:-1] if line.endswith(b"\r") else line
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            message = f"invalid UTF-8 (byte 0x{line[err.start]:02x} at byte {err.start + 1})"
+            if invalid_utf8 == "error":
+                raise tp.DataError(f"line {i + 1}: {message}") from None
+            if warn:
+                warn(i, message + ", replaced by U+FFFD")
+            lines.append(line.decode("utf-8", errors="replace"))
+    return lines
+
+
+def stderr_warning(index, message):
+    print(f"[translate] warning: line {index + 1}: {message}", file=sys.stderr, flush=True)
 
 
 def stderr_progress(every=10):
@@ -128,30 +227,46 @@ def stderr_progress(every=10):
     return progress
 
 
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.translate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir")
-    parser.add_argument("--beam", type=int, help="beam size (default: the setup's eval.beam)")
-    parser.add_argument("--lenpen", type=float, help="length penalty (default: the setup's eval.lenpen)")
+    parser.add_argument("--source-lang", help="source language (required for a multilingual model)")
+    parser.add_argument("--target-lang", help="target language (required for a multilingual model)")
+    parser.add_argument("--beam", type=positive_int, help="beam size (default: the run's eval.beam, else 5)")
+    parser.add_argument("--lenpen", type=float, help="length penalty (default: the run's eval.lenpen, else 1)")
     parser.add_argument("--max-len-a", type=float, help="maximum output length a * source length + b")
     parser.add_argument("--max-len-b", type=int)
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="sentences per batch (default 32)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--compute-type", default="default",
                         help="CTranslate2 compute type (default: the model's; e.g. int8, float16)")
+    parser.add_argument("--invalid-utf8", choices=("replace", "error"), default="replace",
+                        help="a line that is not UTF-8: replace its bad bytes by U+FFFD and warn (default), or "
+                             "stop with an error naming the line before translating anything")
     parser.add_argument("--input", help="read this file instead of stdin")
     parser.add_argument("--output", help="write this file instead of stdout")
     args = parser.parse_args(argv)
     try:
         translator = DeployedTranslator(args.model_dir, device=args.device, threads=args.threads,
                                         compute_type=args.compute_type)
-        lines = tp.read_lines(args.input) if args.input else sys.stdin.read().splitlines()
+        translator.languages(args.source_lang, args.target_lang)
+        if args.input and not Path(args.input).is_file():
+            raise tp.DataError(f"{args.input}: file not found")
+        data = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+        lines = decode_lines(data, args.invalid_utf8, stderr_warning)
         start = time.time()
-        translations = translator.translate(lines, batch_size=args.batch_size, progress=stderr_progress(),
-                                            beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
-                                            max_len_b=args.max_len_b)
+        translations = translator.translate(lines, args.source_lang, args.target_lang, batch_size=args.batch_size,
+                                            progress=stderr_progress(), warn=stderr_warning, beam=args.beam,
+                                            lenpen=args.lenpen, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
     except tp.DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ import torch
 from conftest import BIN, ROOT, USER_DIR, run
 
 from deepnet_fairseq import export
-from deepnet_fairseq.setups import textprep as tp
+from deepnet_fairseq import textprep as tp
 
 SCRIPTS = ROOT / "scripts"
 TEST_SENTENCES = 120

@@ -13,7 +13,7 @@ from conftest import ROOT, SHARED_DATA, run
 from deepnet_fairseq import FRONT_ENDS
 from deepnet_fairseq.setups import config as cfgmod
 from deepnet_fairseq.setups import launch
-from deepnet_fairseq.setups import textprep as tp
+from deepnet_fairseq import textprep as tp
 
 CONFIGS = {name: ROOT / "configs" / f"{name}.yaml" for name in ("iwslt14_de_en", "wmt17_en_de", "opus100", "m2m_102")}
 

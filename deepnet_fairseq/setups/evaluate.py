@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import textprep as tp
+from .. import textprep as tp
 from .average import average_checkpoints, last_checkpoints
 from .config import ConfigError, load
 from .launch import BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers, run_dir
@@ -99,28 +99,37 @@ def generate_here(cfg, checkpoint, gen_args, cpu, log_path):
     return hypotheses(output)
 
 
-def ctranslate2_hypotheses(cfg, checkpoint, out):
-    """The test set's hypotheses from CTranslate2 (``--engine ctranslate2``): the checkpoint exported
-    to ``<run>/eval/ctranslate2/`` (deepnet_fairseq.export), the BPE-segmented test source decoded with
-    the eval settings, BPE removed as fairseq-generate's ``--remove-bpe`` does."""
+ENGINES = ("fairseq", "ctranslate2", "ctranslate2_int8")
+
+
+def ctranslate2_translator(cfg, checkpoint, out, engine):
+    """``--engine ctranslate2[_int8]``: the checkpoint exported to ``<run>/eval/<engine>/``
+    (deepnet_fairseq.export; int8 weights for ``ctranslate2_int8``) as a translator."""
     from ..export import ExportError, read_checkpoint, to_ctranslate2, to_plain_fairseq
     from ..translate import DeployedTranslator
 
-    work, src = Path(cfg["paths"]["work"]), cfg["data"]["source_lang"]
+    quantization = "int8" if engine == "ctranslate2_int8" else None
     try:
         exported = to_plain_fairseq(read_checkpoint(checkpoint), str(checkpoint))
-        model_dir = to_ctranslate2(exported, out / "ctranslate2", work, run_config=cfg)
+        model_dir = to_ctranslate2(exported, out / engine, Path(cfg["paths"]["work"]), quantization, run_config=cfg)
     except ExportError as err:
         raise LaunchError(str(err)) from None
     print(f"[evaluate] CTranslate2 model: {model_dir}", flush=True)
-    translator = DeployedTranslator(model_dir)
-    sources = [line.split() for line in tp.read_lines(work / "bpe" / f"test.{src}")]
-    outputs = translator.translate_segmented(sources, batches=fairseq_generate_batches(cfg))
+    return DeployedTranslator(model_dir)
+
+
+def ctranslate2_hypotheses(translator, segmented_source, batches, source_lang=None, target_lang=None):
+    """The hypotheses for a segmented test source (BPE or SentencePiece, as fairseq-generate reads it)
+    from CTranslate2, decoded in fairseq-generate's batches (so with its length limits), subwords
+    removed as fairseq-generate's ``--remove-bpe`` does."""
+    sources = [line.split() for line in tp.read_lines(segmented_source)]
+    outputs = translator.translate_segmented(sources, source_lang, target_lang, batches=batches)
     return [translator.desegment(tokens) for tokens in outputs]
 
 
-def fairseq_generate_batches(cfg):
-    """The test set's sentence ids in fairseq-generate's batches (fairseq's own batching, eval.max_tokens).
+def fairseq_generate_batches(cfg, task_args=None):
+    """The test set's sentence ids in fairseq-generate's batches (fairseq's own batching, eval.max_tokens),
+    for the task that ``task_args`` sets (default: the bilingual setup's language pair).
 
     fairseq-generate's length limit is ``max_len_a * (the batch's longest source) + max_len_b``, so the
     same batches give CTranslate2 the same limit for every sentence."""
@@ -128,11 +137,11 @@ def fairseq_generate_batches(cfg):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     data, ev = cfg["data"], cfg["eval"]
+    task_args = task_args or ["--source-lang", data["source_lang"], "--target-lang", data["target_lang"]]
     parser = options.get_generation_parser()
     gen = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, [
-        str(Path(cfg["paths"]["work"]) / "bin"), "--source-lang", data["source_lang"], "--target-lang",
-        data["target_lang"], "--gen-subset", ev["subset"], "--max-tokens", str(ev["max_tokens"]),
-        "--required-batch-size-multiple", "1"]))
+        str(Path(cfg["paths"]["work"]) / "bin"), *task_args, "--gen-subset", ev["subset"],
+        "--max-tokens", str(ev["max_tokens"]), "--required-batch-size-multiple", "1"]))
     task = tasks.setup_task(gen.task)
     task.load_dataset(ev["subset"], task_cfg=gen.task)
     iterator = task.get_batch_iterator(  # as fairseq_cli/generate.py asks for it
@@ -145,8 +154,9 @@ def evaluate_bilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
     data, ev = cfg["data"], cfg["eval"]
     src, tgt = data["source_lang"], data["target_lang"]
     work = Path(cfg["paths"]["work"])
-    if engine == "ctranslate2":
-        hyps = ctranslate2_hypotheses(cfg, checkpoint, out)
+    if engine != "fairseq":
+        hyps = ctranslate2_hypotheses(ctranslate2_translator(cfg, checkpoint, out, engine), work / "bpe" / f"test.{src}",
+                                      fairseq_generate_batches(cfg))
     else:
         hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], cpu,
                         out / "generate.log")
@@ -191,9 +201,10 @@ def group_members(cfg, pattern, directions):
     return [d for d in directions if (src in ("*", d.split("-")[0])) and (tgt in ("*", d.split("-")[1]))]
 
 
-def evaluate_multilingual(cfg, checkpoint, cpu, out):
+def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
     data, ev = cfg["data"], cfg["eval"]
     work = Path(cfg["paths"]["work"])
+    translator = ctranslate2_translator(cfg, checkpoint, out, engine) if engine != "fairseq" else None
     rows = []
     for direction in data["lang_pairs"] + [p for p in data["zero_shot_pairs"] if p not in data["lang_pairs"]]:
         s, t = direction.split("-")
@@ -201,10 +212,15 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out):
         ref_path = work / "ref" / f"test.{corpus}.{t}"
         if not ref_path.exists():
             continue
-        gen_args = ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
-                    "--langs", ",".join(data["langs"]), "--source-lang", s, "--target-lang", t,
-                    "--encoder-langtok", "src", "--decoder-langtok", "--remove-bpe", "sentencepiece"]
-        hyps = generate_here(cfg, checkpoint, gen_args, cpu, out / f"generate.{direction}.log")
+        task_args = ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
+                     "--langs", ",".join(data["langs"]), "--source-lang", s, "--target-lang", t,
+                     "--encoder-langtok", "src", "--decoder-langtok"]
+        if translator:
+            hyps = ctranslate2_hypotheses(translator, work / "spm_text" / f"test.{corpus}.{s}",
+                                          fairseq_generate_batches(cfg, task_args), s, t)
+        else:
+            hyps = generate_here(cfg, checkpoint, task_args + ["--remove-bpe", "sentencepiece"], cpu,
+                                 out / f"generate.{direction}.log")
         refs = tp.read_lines(ref_path)
         sources = tp.read_lines(work / "ref" / f"test.{corpus}.{s}")
         tp.write_lines(out / f"hyp.{direction}.{t}", hyps)
@@ -230,7 +246,8 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out):
                             "directions": len(members)}
     return {"bleu": round(sum(by_direction.values()) / len(rows), 2), "signature": rows[0]["signature"],
             "copy_source_bleu": round(sum(r["copy_source_bleu"] for r in rows) / len(rows), 2),
-            "metric": "average detokenised sacreBLEU over directions", "groups": groups, "directions": rows}
+            "metric": "average detokenised sacreBLEU over directions", "groups": groups, "directions": rows,
+            "engine": engine}
 
 
 def heatmap(rows, langs, path, title):
@@ -276,8 +293,9 @@ def main(argv=None):
     parser.add_argument("--run-dir", help="the run folder (default: from --arch/--layers)")
     parser.add_argument("--average-last", type=int, help="average the last K checkpoints (default: eval.average_last)")
     parser.add_argument("--cpu", action="store_true", help="generate on CPU (default when no GPU is visible)")
-    parser.add_argument("--engine", choices=("fairseq", "ctranslate2"), default="fairseq",
-                        help="decode with fairseq-generate (default) or CTranslate2 (bilingual setups; docs/deploy.md)")
+    parser.add_argument("--engine", choices=ENGINES, default="fairseq",
+                        help="decode with fairseq-generate (default) or CTranslate2, float32 or int8 weights "
+                             "(docs/deploy.md)")
     opts = parser.parse_intermixed_args(argv)
     try:
         cfg = load(opts.config, opts.overrides)
@@ -310,9 +328,7 @@ def main(argv=None):
         averaged = average_checkpoints(chosen, folder / "checkpoints" / f"averaged_last{len(chosen)}.pt")
         print(f"[evaluate] averaged {len(chosen)} checkpoints: {', '.join(p.name for p in chosen)}", flush=True)
         if cfg["data"]["kind"] == "multilingual":
-            if opts.engine != "fairseq":
-                raise LaunchError(f"--engine {opts.engine}: bilingual setups only")
-            result = evaluate_multilingual(cfg, averaged, cpu, out)
+            result = evaluate_multilingual(cfg, averaged, cpu, out, opts.engine)
         else:
             result = evaluate_bilingual(cfg, averaged, cpu, out, opts.engine)
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,

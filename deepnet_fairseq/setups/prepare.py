@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import textprep as tp
+from .. import textprep as tp
 from .config import ConfigError, load
 
 FAIRSEQ_BIN = Path(sys.executable).parent
@@ -157,7 +157,7 @@ def prepare_bilingual(cfg, raw_dir, work, workers):
         raise tp.DataError(f"{cfg['setup']}: data.test is empty")
 
     def tokenize(lines, lang):
-        return tp.setup_tokenize(lines, lang, prep, workers)
+        return tp.pretokenize(lines, lang, prep, workers)
 
     tok, ref = work / "tok", work / "ref"
     step = Step(tok, "tokenise and clean")
