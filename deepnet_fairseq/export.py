@@ -34,6 +34,7 @@ setup's tokenisation (Moses settings and BPE codes; bilingual setups) in ``deplo
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -146,8 +147,6 @@ def transformer_option_names():
 
 
 def transformer_lm_option_names():
-    import dataclasses
-
     from fairseq.models.transformer_lm import TransformerLanguageModelConfig
 
     return {f.name for f in dataclasses.fields(TransformerLanguageModelConfig)} - {"_name"}
@@ -176,6 +175,7 @@ def plain_cfg(cfg, model_cfg):
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.optim import OPTIMIZER_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
+    from fairseq.tasks.translation import TranslationConfig
 
     from deepnet_fairseq.training.exact_resume import ExactResumeTranslationTask
 
@@ -184,8 +184,9 @@ def plain_cfg(cfg, model_cfg):
     if isinstance(plain.get("common"), dict):
         plain["common"] = dict(plain["common"], user_dir=None)
     task = plain["task"] = plain_options(plain.get("task"))
-    if TASK_REGISTRY.get(task.get("_name")) is ExactResumeTranslationTask:
-        plain["task"] = dict(task, _name="translation")
+    if TASK_REGISTRY.get(task.get("_name")) is ExactResumeTranslationTask:  # only the options fairseq's task has
+        fields = {f.name for f in dataclasses.fields(TranslationConfig)}
+        plain["task"] = dict({k: v for k, v in task.items() if k in fields}, _name="translation")
     elif is_plugin(TASK_REGISTRY, task.get("_name")):
         raise ExportError(f"task '{task['_name']}' has no fairseq equivalent")
     for section, registry in (("criterion", CRITERION_REGISTRY), ("optimizer", OPTIMIZER_REGISTRY)):

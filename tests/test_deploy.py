@@ -13,6 +13,7 @@ on all of Multi30k's test2016 by benchmarks/deploy.py. Decoding settings are fix
 
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -308,3 +309,129 @@ def test_ctranslate2_directory_translates_raw_text_end_to_end(setup):
     assert not any("@@" in line or "&apos;" in line for line in translations)
     assert f"{TEST_SENTENCES}/{TEST_SENTENCES} sentences" in proc.stderr
 
+
+
+# -- any translation checkpoint, without a setup ---------------------------------------------------
+
+def fairseq_generate_valid(data, checkpoint):
+    """fairseq-generate's best hypotheses on the valid set (beam 5, at most MAX_LEN tokens), by sentence id."""
+    output = run([BIN / "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "valid",
+                  "--beam", str(BEAM), "--max-len-b", str(MAX_LEN), "--cpu", "--max-tokens", "4000",
+                  "--required-batch-size-multiple", "1"]).stdout
+    hypotheses = {int(line.split("\t")[0][2:]): line.split("\t")[2] for line in output.splitlines() if line.startswith("H-")}
+    return [hypotheses[i] for i in sorted(hypotheses)]
+
+
+def test_plain_fairseq_train_checkpoints_translate_with_ctranslate2_as_fairseq_generate(multi30k_small_bin, tmp_path,
+                                                                                         capsys):
+    """No setup: fairseq-preprocess output (conftest's 400-pair slice, whitespace tokens, joined dictionary), a
+    2L-3L DeepNet trained 5 updates by fairseq-train --user-dir (init gain beta = 1 and a small lr, so that
+    the output varies with the source), and fairseq's own Post-LN ``transformer`` (at initialisation). Each
+    exported with no options: dictionaries from the training data folder, language pair inferred from its
+    file names, tokens in and out. The translate CLI on the valid set's text gives fairseq-generate's
+    beam-5 hypotheses."""
+    from deepnet_fairseq import translate
+
+    run([BIN / "fairseq-train", multi30k_small_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
+         "--arch", "deepnet_transformer", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL,
+         "--deepnorm-encoder-beta", "1", "--deepnorm-decoder-beta", "1", "--optimizer", "adam", "--lr", "1e-4",
+         "--max-tokens", "500", "--max-update", "5", "--save-dir", tmp_path / "deepnet", "--no-epoch-checkpoints",
+         "--disable-validation", "--num-workers", "0"])
+    checkpoints = {"deepnet_transformer": tmp_path / "deepnet/checkpoint_last.pt",
+                   "transformer": in_process_checkpoint(tmp_path / "transformer.pt", multi30k_small_bin, [
+                       "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL])}
+    source = multi30k_small_bin.parent / "valid.de"  # the text fairseq-preprocess binarised
+    for arch, checkpoint in checkpoints.items():
+        capsys.readouterr()
+        export_to(checkpoint, "ctranslate2", tmp_path / f"{arch}_ct2")
+        assert "reads and writes the dictionary's tokens" in capsys.readouterr().err
+        settings = json.loads((tmp_path / f"{arch}_ct2/deploy.json").read_text())
+        assert (settings["source_lang"], settings["target_lang"], settings["segmentation"]) == ("de", "en", "none")
+        assert (tmp_path / f"{arch}_ct2/dict.de.txt").read_text() == (multi30k_small_bin / "dict.de.txt").read_text()
+        out = tmp_path / f"{arch}.en"
+        assert translate.main([str(tmp_path / f"{arch}_ct2"), "--max-len-b", str(MAX_LEN), "--input", str(source),
+                               "--output", str(out)]) == 0
+        expected = fairseq_generate_valid(multi30k_small_bin, checkpoint)
+        distinct = len(set(expected))
+        print(f"\n{arch}: {len(expected)} hypotheses, {distinct} distinct, the same from CTranslate2")
+        assert tp.read_lines(out) == expected and len(expected) == 24 and distinct >= 5
+
+
+# -- the translator and bad input ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def translator_dir(setup, tmp_path_factory):
+    """The 2L-3L DeepNet exported with the setup's Moses and BPE (decoding: beam 5, at most 40 tokens)."""
+    return export_to(setup["checkpoint"], "ctranslate2", tmp_path_factory.mktemp("translator") / "ct2")
+
+
+def translate_bytes(model_dir, data, *options):
+    """The translate CLI with ``data`` (bytes) on stdin: (returncode, stdout lines, stderr)."""
+    proc = subprocess.run([BIN / "python", "-m", "deepnet_fairseq.translate", model_dir, *options], input=data,
+                          capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return proc.returncode, proc.stdout.decode("utf-8").split("\n")[:-1], proc.stderr.decode("utf-8")
+
+
+def test_translator_keeps_every_line_through_bad_input(setup, translator_dir):
+    """Invalid UTF-8, a 3,000-word line (the model has 1,024 source positions), empty and blank lines, and no
+    newline at the end: one output line per input line, one warning naming each bad line, and every
+    good line translated as it is alone."""
+    from deepnet_fairseq.translate import DeployedTranslator
+
+    good = tp.read_lines(setup["raw"] / "test2016.de")[:4]
+    words = " ".join(good).split()
+    long_line = " ".join((words * (3000 // len(words) + 1))[:3000])  # 3,000 words
+    lines = [good[0].encode(), good[1].encode()[:5] + b"\xff\xfe caf\xe9 " + good[1].encode()[5:], b"",
+             long_line.encode(), b"  \t ", good[2].encode(), good[3].encode()]
+    code, out, err = translate_bytes(translator_dir, b"\n".join(lines))  # no newline after the last line
+    assert code == 0, err
+    assert len(out) == len(lines)
+    warnings = [line for line in err.splitlines() if line.startswith("[translate] warning")]
+    assert len(warnings) == 2, err
+    assert warnings[0].startswith("[translate] warning: line 2: invalid UTF-8 (byte 0xff at byte 6)")
+    assert warnings[1].startswith("[translate] warning: line 4: ") and "cut to the first 1023" in warnings[1]
+    assert out[2] == out[4] == ""
+    translator = DeployedTranslator(translator_dir)
+    expected = translator.translate([good[0], lines[1].decode("utf-8", errors="replace"), good[2], good[3]])
+    assert [out[0], out[1], out[5], out[6]] == expected and all(expected)
+    segmented = translator.segment([long_line])[0]
+    assert len(segmented) > 1023
+    (cut,) = translator.translate_segmented([segmented[:1023]])
+    assert out[3] == translator.detokenize([translator.desegment(cut)])[0]
+
+
+def test_translator_invalid_utf8_as_an_error_names_the_line(translator_dir, tmp_path, capsys):
+    from deepnet_fairseq import translate
+
+    source = tmp_path / "source.de"
+    source.write_bytes(b"ein mann .\nzwei \xc3\x28 hunde\n")
+    capsys.readouterr()
+    code = translate.main([str(translator_dir), "--invalid-utf8", "error", "--input", str(source),
+                           "--output", str(tmp_path / "out.en")])
+    assert code == 2 and not (tmp_path / "out.en").exists()
+    assert capsys.readouterr().err.strip().splitlines() == ["error: line 2: invalid UTF-8 (byte 0xc3 at byte 6)"]
+
+
+def test_translator_keeps_the_other_sentences_when_one_fails(translator_dir):
+    """A sentence that CTranslate2 cannot decode costs that sentence only: an empty line and a warning."""
+    from deepnet_fairseq.translate import DeployedTranslator
+
+    translator = DeployedTranslator(translator_dir)
+    sentences = ["ein mann schläft .", "zwei hunde spielen im schnee .", "eine frau liest ."]
+    expected = translator.translate(sentences)
+    real = translator.translator
+
+    class FailsOnHunde:  # stands in for a decoding error on one sentence
+        def translate_batch(self, sources, *args, **kwargs):
+            if any("hunde" in source for source in sources):
+                raise RuntimeError("decoding failed")
+            return real.translate_batch(sources, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    translator.translator = FailsOnHunde()
+    warnings = []
+    assert translator.translate(sentences, warn=lambda i, message: warnings.append((i, message))) == [
+        expected[0], "", expected[2]]
+    assert warnings == [(1, "not translated (RuntimeError: decoding failed); output left empty")]
