@@ -5,7 +5,7 @@ import csv
 import json
 
 import pytest
-from conftest import SHARED_DATA
+from conftest import ROOT, SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq import textprep as tp
@@ -75,3 +75,67 @@ def test_multilingual_per_direction_table_with_zero_shot(opus):
     zero = [float(r["bleu"]) for r in rows if r["zero_shot"] == "True"]
     assert scores["groups"]["zero-shot"]["bleu"] == pytest.approx(round(sum(zero) / 2, 2))
     assert (opus["run"] / "eval/bleu_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def reference_log_probs(checkpoint, data, src, tgt):
+    """Log-probabilities of the test references under the fairseq model, teacher-forced, with the source and
+    target token lists as fairseq's multilingual task builds them (language tokens included, </s> not)."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data), "source_lang": src, "target_lang": tgt})
+    task.load_dataset("test")
+    dataset, vocab = task.dataset("test"), task.source_dictionary
+    batch = dataset.collater([dataset[i] for i in range(len(dataset))])
+    with torch.no_grad():
+        out = model.eval()(**batch["net_input"])
+        log_probs = model.get_normalized_probs(out, log_probs=True).gather(2, batch["target"][:, :, None])[:, :, 0]
+    rows = zip(batch["net_input"]["src_tokens"], batch["target"], log_probs)
+    return [([vocab[x] for x in s[s.ne(vocab.pad())][:-1]], [vocab[x] for x in t[t.ne(vocab.pad())][:-1]],
+             lp[t.ne(vocab.pad())].numpy()) for s, t, lp in rows]
+
+
+def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
+    """evaluate --engine ctranslate2 on the pipeline's model: fairseq-generate's hypotheses and BLEU in all six
+    directions, zero-shot de-fr and fr-de included; CTranslate2's log-probabilities of the references
+    (language tokens as fairseq's task places them) are the DeepNet's; the translate command on raw German
+    with --source-lang de --target-lang fr gives the zero-shot hypotheses."""
+    import numpy as np
+
+    from deepnet_fairseq import translate
+    from deepnet_fairseq.setups import evaluate
+
+    run_dir, work = opus["run"], opus["tmp"] / "work"
+    rows = {r["direction"]: r for r in csv.DictReader((run_dir / "eval/bleu.csv").open())}
+    fairseq_hyps = {d: tp.read_lines(run_dir / f"eval/hyp.{d}.{d[3:]}") for d in rows}
+    assert json.loads((run_dir / "eval/scores.json").read_text())["engine"] == "fairseq"
+    args = [str(ROOT / "configs/opus100.yaml"), *paths(opus["tmp"]), *OPUS_DATA, *OPUS_TRAIN,
+            "--arch", "deepnet", "--layers", "3,3", "--cpu", "--engine", "ctranslate2"]
+    assert evaluate.main(args) == 0
+    ct2_rows = {r["direction"]: r for r in csv.DictReader((run_dir / "eval/bleu.csv").open())}
+    assert ct2_rows.keys() == rows.keys() and json.loads((run_dir / "eval/scores.json").read_text())["engine"] == "ctranslate2"
+    for direction, row in rows.items():
+        assert tp.read_lines(run_dir / f"eval/hyp.{direction}.{direction[3:]}") == fairseq_hyps[direction], direction
+        assert (ct2_rows[direction]["bleu"], ct2_rows[direction]["zero_shot"]) == (row["bleu"], row["zero_shot"])
+
+    model_dir = run_dir / "eval/ctranslate2"
+    settings = json.loads((model_dir / "deploy.json").read_text())
+    assert (settings["segmentation"], settings["encoder_langtok"], settings["decoder_langtok"]) == ("sentencepiece", "src", True)
+    scorer = translate.DeployedTranslator(model_dir).translator
+    differences = {}
+    for direction in rows:
+        references = reference_log_probs(run_dir / "checkpoints/averaged_last2.pt", work / "bin", *direction.split("-"))
+        assert references[0][0][0] == f"__{direction[:2]}__" and references[0][1][0] == f"__{direction[3:]}__"
+        scored = scorer.score_batch([s for s, _, _ in references], [t for _, t, _ in references], max_input_length=0)
+        differences[direction] = max(float(np.abs(np.array(r.log_probs) - lp).max()) for r, (_, _, lp) in zip(scored, references))
+    print(f"\nCTranslate2 vs the DeepNet, max |log-prob diff| per direction: {differences}")
+    assert max(differences.values()) <= 1e-4
+
+    out = opus["tmp"] / "translated.fr"
+    capsys.readouterr()
+    assert translate.main([str(model_dir), "--input", str(work / "ref/test.de-fr.de"), "--output", str(out)]) == 2
+    assert "a multilingual model needs --source-lang and --target-lang from its languages: de en fr" in capsys.readouterr().err
+    assert translate.main([str(model_dir), "--source-lang", "de", "--target-lang", "fr", "--input",
+                           str(work / "ref/test.de-fr.de"), "--output", str(out)]) == 0
+    assert tp.read_lines(out) == fairseq_hyps["de-fr"]
