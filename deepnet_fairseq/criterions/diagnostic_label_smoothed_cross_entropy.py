@@ -17,6 +17,9 @@ subclasses it) plus training-stability diagnostics, each off by default and free
                                 In fp16 it names where each skipped (overflowing) step's gradient
                                 overflow starts, and stops when the loss scale reaches its minimum
   --divergence-skip-batch       drop a bad micro-batch's loss instead of stopping (loss checks)
+  --divergence-rollback N       instead of stopping, skip the diverged update and go on from the last
+  --divergence-rollback-lr-factor F   good state, at most N times per run, optionally multiplying the
+                                learning rate by F each time (deepnet_fairseq/training/rollback.py)
 
 Everything goes through fairseq's metrics (progress bar, JSON log, tensorboard). Values that come
 from the forward pass travel in the logging outputs, which fairseq sums over micro-batches and
@@ -77,6 +80,15 @@ class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriteri
     divergence_skip_batch: bool = field(
         default=False, metadata={"help": "with --divergence-guard: skip a micro-batch with a bad loss instead of stopping"}
     )
+    divergence_rollback: int = field(
+        default=0, metadata={"help": "with --divergence-guard: on a divergence, skip the update's batch and go on from "
+                                     "the last good model and optimizer state, at most N times per run; the next "
+                                     "divergence stops training (0: off, stop at the first)"}
+    )
+    divergence_rollback_lr_factor: float = field(
+        default=1.0, metadata={"help": "with --divergence-rollback: multiply the learning rate by this at each "
+                                       "rollback, for the rest of the run (kept in checkpoints)"}
+    )
 
 
 def _current_update():
@@ -102,6 +114,8 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         divergence_loss_bound=0.0,
         divergence_grad_bound=0.0,
         divergence_skip_batch=False,
+        divergence_rollback=0,
+        divergence_rollback_lr_factor=1.0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         for option, value in (("--diag-update-norm-interval", diag_update_norm_interval),
@@ -110,8 +124,13 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
                               ("--divergence-grad-bound", divergence_grad_bound)):
             if value < 0 or not math.isfinite(value):
                 raise ValueError(f"{option} must be >= 0 (0 = off), got {value!r}")
-        if (divergence_loss_bound or divergence_grad_bound or divergence_skip_batch) and not divergence_guard:
-            raise ValueError("--divergence-loss-bound/--divergence-grad-bound/--divergence-skip-batch need --divergence-guard")
+        if (divergence_loss_bound or divergence_grad_bound or divergence_skip_batch or divergence_rollback) \
+                and not divergence_guard:
+            raise ValueError("--divergence-loss-bound/--divergence-grad-bound/--divergence-skip-batch/"
+                             "--divergence-rollback need --divergence-guard")
+        if divergence_rollback < 0 or not 0 < divergence_rollback_lr_factor <= 1:
+            raise ValueError(f"--divergence-rollback must be >= 0 and --divergence-rollback-lr-factor in (0, 1], "
+                             f"got {divergence_rollback!r} and {divergence_rollback_lr_factor!r}")
         self.diag_grad_norms = diag_grad_norms
         self.update_norm_interval = diag_update_norm_interval
         self.diag_ln_inputs = diag_ln_inputs
@@ -120,6 +139,10 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self.loss_bound = divergence_loss_bound
         self.grad_bound = divergence_grad_bound
         self.skip_batch = divergence_skip_batch
+        self.rollback_limit = divergence_rollback  # training/rollback.py acts on it
+        self.rollback_lr_factor = divergence_rollback_lr_factor
+        self.rollbacks = 0
+        self._divergence = None  # what the loss check found in this update (rollback mode)
         self._attached = False
         self._probe = UpdateNormProbe() if diag_update_norm_interval else None
         self._probed_update = None
@@ -192,8 +215,18 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
             logging_output.update(loss=zero.detach(), nll_loss=zero.detach(), skipped_batches=1)
             return zero, logging_output
+        if self.rollback_limit:
+            # no rank may stop alone: a non-finite gradient makes every rank's gradient non-finite after
+            # the all-reduce, so all of them roll back this update together (training/rollback.py)
+            self._divergence = f"{what}; {where}"
+            return loss * float("nan"), logging_output
         raise DivergenceError(f"training diverged at update {update + 1}: {what}; {where}. "
                               "The last saved checkpoint is untouched.")
+
+    def take_divergence(self):
+        """What the loss check found in the update that just failed (None: not the loss), and forget it."""
+        found, self._divergence = self._divergence, None
+        return found
 
     def _on_grads(self, norms, total):
         update = _current_update() + 1

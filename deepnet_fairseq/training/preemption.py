@@ -1,0 +1,56 @@
+"""Save and exit on a signal (SLURM preemption or time limit), so a requeued run loses no update.
+
+SLURM sends SIGTERM before it kills a job (and SIGUSR1, or any signal, ahead of the time limit with
+``#SBATCH --signal=B:USR1@120``). fairseq 0.12 handles no signal, so the run died and resumed from
+its last interval checkpoint. With the plugin, fairseq-train (any task) notes the signal and goes
+on to the end of the update it is in; then every rank agrees to stop (``train_loop``: one
+all-reduce of a flag per update, so no rank saves at a different update), rank 0 saves the
+exact-resume state to ``checkpoint_last.pt``, logs one line and every rank exits with
+``PREEMPTED_EXIT_STATUS`` (75, ``EX_TEMPFAIL``: try again). The setups' launcher requeues the SLURM
+job (``scontrol requeue``) when that status comes back. ``--save-on-signals`` (task
+``translation_exact_resume``) picks the signals or turns this off.
+"""
+
+import logging
+import signal
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_STATUS = 75  # sysexits.h EX_TEMPFAIL; deepnet_fairseq.setups.launch.PREEMPTED_EXIT_STATUS too
+DEFAULT_SIGNALS = "SIGUSR1,SIGTERM"
+
+
+def parse_signals(text):
+    """``"SIGUSR1,SIGTERM"`` (or ``USR1,TERM``) -> [Signals]; ``""`` / ``"none"`` -> []."""
+    text = (text or "").strip()
+    if text.lower() in ("", "none", "off"):
+        return []
+    found = []
+    for name in text.split(","):
+        name = name.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if not hasattr(signal.Signals, name) or name in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"--save-on-signals: '{name}' is not a signal that can be caught "
+                             "(e.g. SIGUSR1,SIGTERM; 'none' turns saving on a signal off)")
+        found.append(signal.Signals[name])
+    return found
+
+
+class SignalRequest:
+    """Remembers the first of the given signals received; the training loop polls ``received``."""
+
+    def __init__(self):
+        self.received = None
+        self.signals = []
+
+    def install(self, signals):
+        self.signals = list(signals)
+        for sig in self.signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.received is None:  # a signal handler only notes it: the loop acts at an update boundary
+            self.received = signal.Signals(signum).name
+
+
+request = SignalRequest()
