@@ -423,11 +423,11 @@ def to_ctranslate2(exported, out_dir, work=None, quantization=None, run_config=N
     else:
         dict_dir = Path(data or str(exported["cfg"]["task"].get("data") or "").split(os.pathsep)[0])
         settings, files = flag_text_settings(**(text or {}))
-    languages = language_settings(exported["cfg"]["task"], dict_dir)
     dictionaries = sorted(dict_dir.glob("dict.*.txt"))
     if not dictionaries:
         raise ExportError(f"{dict_dir}: no fairseq dictionaries (dict.<lang>.txt); give --data the "
                           "fairseq-preprocess folder the model was trained on")
+    languages = language_settings(exported["cfg"]["task"], dict_dir)
     for name, path in files.items():
         if not path.is_file():
             raise ExportError(f"{path}: missing (the {name} the model's text was segmented with)")
@@ -490,11 +490,13 @@ def main(argv=None):
                         help="ctranslate2: weight type (default: float32, as trained)")
     group = parser.add_argument_group(
         "ctranslate2: dictionaries and text processing",
-        "A model trained by a setup gets the setup's (found from the training data folder, or --work). "
-        "Any other translation checkpoint: dictionaries from --data (default: the training data folder the "
-        "checkpoint names), text processing as fairseq-interactive's options; none: tokens in, tokens out.")
-    group.add_argument("--work", help="the setup's work folder (default: the training data folder's parent)")
-    group.add_argument("--data", help="the fairseq-preprocess folder with the dictionaries (dict.<lang>.txt)")
+        "A model trained by a setup gets the setup's (found from the training data folder, or --work).\n"
+        "Any other translation checkpoint: dictionaries from --data (default: the training data folder\n"
+        "the checkpoint names), text processing as fairseq-interactive's options; none: tokens in and out.")
+    group.add_argument("--work", metavar="DIR",
+                       help="the setup's work folder (default: the training data folder's parent)")
+    group.add_argument("--data", metavar="DIR",
+                       help="the fairseq-preprocess folder with the dictionaries (dict.<lang>.txt)")
     group.add_argument("--tokenizer", choices=("moses",), help="Moses tokenisation (sacremoses, fairseq's defaults)")
     group.add_argument("--bpe", choices=("subword_nmt", "sentencepiece"), help="subword segmentation")
     group.add_argument("--bpe-codes", metavar="FILE", help="--bpe subword_nmt: the BPE codes")

@@ -56,8 +56,8 @@ class DeployedTranslator:
         """(source, target) checked against the model's: a multilingual model needs both, from its languages."""
         s = self.settings
         if not self.multilingual:
-            for given, own, name in ((source_lang, s["source_lang"], "source"), (target_lang, s["target_lang"], "target")):
-                if given not in (None, own):
+            for given, name in ((source_lang, "source"), (target_lang, "target")):
+                if given not in (None, s[f"{name}_lang"]):
                     raise tp.DataError(f"--{name}-lang {given}: this model translates {s['source_lang']}-{s['target_lang']}")
             return s["source_lang"], s["target_lang"]
         for given, name in ((source_lang, "source"), (target_lang, "target")):

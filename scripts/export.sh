@@ -6,7 +6,8 @@ usage() {
   cat <<'USAGE'
 Usage: scripts/export.sh CHECKPOINT --to transformer OUT.pt [--average-last K]
        scripts/export.sh CHECKPOINT --to ctranslate2 OUTDIR [--quantization int8|int8_float16|float16]
-                         [--average-last K] [--work DIR]
+                         [--average-last K] [--work DIR | --data DIR [--tokenizer moses]
+                         [--bpe subword_nmt --bpe-codes FILE | --bpe sentencepiece --sentencepiece-model FILE]]
 
 CHECKPOINT is a checkpoint file, or with --average-last K a run's checkpoints folder (the last K
 update checkpoints are averaged first). deepnet_transformer is folded exactly into fairseq's
@@ -14,8 +15,11 @@ update checkpoints are averaged first). deepnet_transformer is folded exactly in
 into `transformer_lm`, preln_/postln_transformer renamed; every other architecture is refused.
 OUT.pt loads without the plugin (torch's weights-only default; fairseq-generate without --user-dir).
 --to ctranslate2 writes a complete translator: the model (one LayerNorm eps, made exact for DeepNet),
-the dictionaries and the setup's tokenisation, found in --work DIR (default: the training data's
-parent folder). Translate with: python -m deepnet_fairseq.translate OUTDIR < raw.txt > out.txt
+its dictionaries, its text processing and languages (deploy.json). A setup's model (bilingual or
+multilingual) gets the setup's tokenisation, found in --work DIR (default: the training data's parent
+folder). Any other translation checkpoint: the dictionaries of --data DIR (default: the training data
+folder), fairseq-interactive's --tokenizer/--bpe options, or none (tokens in, tokens out).
+Translate with: python -m deepnet_fairseq.translate OUTDIR [--source-lang X --target-lang Y] < in > out
 Details: docs/deploy.md.
 USAGE
 }
@@ -29,7 +33,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --to) [ $# -ge 3 ] || { echo "export: --to needs a format and an output path (see --help)" >&2; exit 2; }
           args+=(--to "$2" "$3"); shift 3 ;;
-    --average-last|--quantization|--work) need "$@"; args+=("$1" "$2"); shift 2 ;;
+    --average-last|--quantization|--work|--data|--tokenizer|--bpe|--bpe-codes|--sentencepiece-model)
+      need "$@"; args+=("$1" "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "export: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) [ -z "$checkpoint" ] || { echo "export: one CHECKPOINT only, got '$checkpoint' and '$1'" >&2; exit 2; }

@@ -318,8 +318,8 @@ def fairseq_generate_valid(data, checkpoint):
     output = run([BIN / "fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "valid",
                   "--beam", str(BEAM), "--max-len-b", str(MAX_LEN), "--cpu", "--max-tokens", "4000",
                   "--required-batch-size-multiple", "1"]).stdout
-    hypotheses = {int(line.split("\t")[0][2:]): line.split("\t")[2] for line in output.splitlines() if line.startswith("H-")}
-    return [hypotheses[i] for i in sorted(hypotheses)]
+    hypotheses = [line.split("\t") for line in output.splitlines() if line.startswith("H-")]
+    return [fields[2] for fields in sorted(hypotheses, key=lambda fields: int(fields[0][2:]))]
 
 
 def test_plain_fairseq_train_checkpoints_translate_with_ctranslate2_as_fairseq_generate(multi30k_small_bin, tmp_path,

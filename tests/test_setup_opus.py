@@ -114,28 +114,32 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
             "--arch", "deepnet", "--layers", "3,3", "--cpu", "--engine", "ctranslate2"]
     assert evaluate.main(args) == 0
     ct2_rows = {r["direction"]: r for r in csv.DictReader((run_dir / "eval/bleu.csv").open())}
-    assert ct2_rows.keys() == rows.keys() and json.loads((run_dir / "eval/scores.json").read_text())["engine"] == "ctranslate2"
+    assert ct2_rows.keys() == rows.keys()
+    assert json.loads((run_dir / "eval/scores.json").read_text())["engine"] == "ctranslate2"
     for direction, row in rows.items():
         assert tp.read_lines(run_dir / f"eval/hyp.{direction}.{direction[3:]}") == fairseq_hyps[direction], direction
         assert (ct2_rows[direction]["bleu"], ct2_rows[direction]["zero_shot"]) == (row["bleu"], row["zero_shot"])
 
     model_dir = run_dir / "eval/ctranslate2"
     settings = json.loads((model_dir / "deploy.json").read_text())
-    assert (settings["segmentation"], settings["encoder_langtok"], settings["decoder_langtok"]) == ("sentencepiece", "src", True)
+    languages = settings["langs"], settings["encoder_langtok"], settings["decoder_langtok"]
+    assert settings["segmentation"] == "sentencepiece" and languages == (["de", "en", "fr"], "src", True)
     scorer = translate.DeployedTranslator(model_dir).translator
     differences = {}
     for direction in rows:
         references = reference_log_probs(run_dir / "checkpoints/averaged_last2.pt", work / "bin", *direction.split("-"))
         assert references[0][0][0] == f"__{direction[:2]}__" and references[0][1][0] == f"__{direction[3:]}__"
         scored = scorer.score_batch([s for s, _, _ in references], [t for _, t, _ in references], max_input_length=0)
-        differences[direction] = max(float(np.abs(np.array(r.log_probs) - lp).max()) for r, (_, _, lp) in zip(scored, references))
+        differences[direction] = max(float(np.abs(np.array(r.log_probs) - lp).max())
+                                     for r, (_, _, lp) in zip(scored, references))
     print(f"\nCTranslate2 vs the DeepNet, max |log-prob diff| per direction: {differences}")
     assert max(differences.values()) <= 1e-4
 
     out = opus["tmp"] / "translated.fr"
     capsys.readouterr()
     assert translate.main([str(model_dir), "--input", str(work / "ref/test.de-fr.de"), "--output", str(out)]) == 2
-    assert "a multilingual model needs --source-lang and --target-lang from its languages: de en fr" in capsys.readouterr().err
+    assert "a multilingual model needs --source-lang and --target-lang from its languages: de en fr" in \
+        capsys.readouterr().err
     assert translate.main([str(model_dir), "--source-lang", "de", "--target-lang", "fr", "--input",
                            str(work / "ref/test.de-fr.de"), "--output", str(out)]) == 0
     assert tp.read_lines(out) == fairseq_hyps["de-fr"]

@@ -155,8 +155,8 @@ def evaluate_bilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
     src, tgt = data["source_lang"], data["target_lang"]
     work = Path(cfg["paths"]["work"])
     if engine != "fairseq":
-        hyps = ctranslate2_hypotheses(ctranslate2_translator(cfg, checkpoint, out, engine), work / "bpe" / f"test.{src}",
-                                      fairseq_generate_batches(cfg))
+        translator = ctranslate2_translator(cfg, checkpoint, out, engine)
+        hyps = ctranslate2_hypotheses(translator, work / "bpe" / f"test.{src}", fairseq_generate_batches(cfg))
     else:
         hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], cpu,
                         out / "generate.log")
