@@ -1,24 +1,29 @@
 """Deployment speed: fairseq-generate vs CTranslate2 (float32 and int8) on a trained run, with BLEU.
 
     .venv/bin/python -m benchmarks.deploy --run-dir RUN --config configs/iwslt14_de_en.yaml [key=value ...]
+    .venv/bin/python -m benchmarks.deploy --run-dir RUN --config configs/opus100.yaml [key=value ...]   (multilingual)
 
 RUN is a run folder of the shipped pipeline (docs/deploy.md has the commands that trained the one
 measured). Its last ``eval.average_last`` checkpoints are averaged as ``scripts/evaluate.sh`` does;
 the average is exported to CTranslate2 at float32 and int8 (``deepnet_fairseq.export``) and to
 fairseq's ``transformer``. Then, in ``--rounds`` rounds with the order rotated each round, the
-BPE-segmented test set is decoded, one thread, with the setup's eval settings (beam, length
-penalty, maximum length):
+segmented test set (BPE; a multilingual setup's SentencePiece test sets, every direction with
+references, zero-shot included) is decoded, one thread, with the setup's eval settings (beam,
+length penalty, maximum length):
 
-- ``fairseq``: ``fairseq-generate --user-dir deepnet_fairseq`` on the averaged DeepNet checkpoint
-  (what ``scripts/evaluate.sh`` runs); speed = its own "Translated N sentences in T s" (model loading
-  and data reading excluded);
+- ``fairseq``: fairseq-generate with the plugin on the averaged DeepNet checkpoint (what
+  ``scripts/evaluate.sh`` runs: a subprocess for a bilingual setup, fairseq-generate's ``main`` in
+  this process for each direction of a multilingual one); speed = its own "Translated N sentences in
+  T s" (model loading and data reading excluded), summed over directions;
 - ``ct2_float32``, ``ct2_int8``: ``DeployedTranslator.translate_segmented`` on fairseq-generate's
   batches (what ``evaluate.sh --engine ctranslate2`` runs), timed around the call (model loading
   excluded).
 
-Once, untimed: ``fairseq-generate`` without the plugin on the exported ``transformer`` checkpoint.
-Each engine's hypotheses are scored with the setup's metric (evaluate.py's ``bleu``), and compared
-sentence by sentence with fairseq's. Writes ``benchmarks/results/deploy_cpu.json``.
+Bilingual setups, once, untimed: ``fairseq-generate`` without the plugin on the exported
+``transformer`` checkpoint, and the exactness of each export (teacher-forced log-probabilities).
+Each engine's hypotheses are scored with the setup's metric (evaluate.py's ``bleu``; multilingual:
+per direction and averaged), and compared sentence by sentence with fairseq's. Writes
+``benchmarks/results/deploy_cpu.json`` (``--out``).
 """
 
 import argparse
@@ -36,24 +41,30 @@ from deepnet_fairseq import export  # noqa: E402
 from deepnet_fairseq import textprep as tp  # noqa: E402
 from deepnet_fairseq.setups.average import average_checkpoints, last_checkpoints  # noqa: E402
 from deepnet_fairseq.setups.config import load  # noqa: E402
-from deepnet_fairseq.setups.evaluate import bleu, fairseq_generate_batches, generate  # noqa: E402
+from deepnet_fairseq.setups.evaluate import (  # noqa: E402
+    bleu, fairseq_generate_batches, generate, generate_here, multilingual_test_directions)
 from deepnet_fairseq.translate import DeployedTranslator  # noqa: E402
 
 from .common import ROOT, machine, write_json  # noqa: E402
 
-SPEED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
+# fairseq-generate's summary; its sentences/s (2 decimals) times more finely than its seconds (1 decimal)
+SPEED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s")
 
 
-def fairseq_engine(cfg, checkpoint, log, plugin=True):
-    """(hypotheses, seconds) of fairseq-generate, timed by fairseq-generate itself."""
-    src, tgt = cfg["data"]["source_lang"], cfg["data"]["target_lang"]
-    hyps = generate(cfg, checkpoint, ["--source-lang", src, "--target-lang", tgt, "--remove-bpe"], True, log, plugin)
-    return hyps, float(SPEED.search(log.read_text()).group(3))
+def fairseq_engine(cfg, checkpoint, direction, log, plugin=True):
+    """(hypotheses, seconds) of fairseq-generate on one direction, timed by fairseq-generate itself."""
+    if direction["multilingual"]:
+        hyps = generate_here(cfg, checkpoint, direction["task_args"] + ["--remove-bpe", "sentencepiece"], True, log)
+    else:
+        hyps = generate(cfg, checkpoint, direction["task_args"] + ["--remove-bpe"], True, log, plugin)
+    match = SPEED.search(log.read_text())
+    return hyps, int(match.group(1).replace(",", "")) / float(match.group(4))
 
 
-def ct2_engine(translator, sources, batches):
+def ct2_engine(translator, direction):
     start = time.perf_counter()
-    outputs = translator.translate_segmented(sources, batches=batches)
+    outputs = translator.translate_segmented(direction["sources"], direction["src"], direction["tgt"],
+                                             batches=direction["batches"])
     seconds = time.perf_counter() - start
     return [translator.desegment(tokens) for tokens in outputs], seconds
 
@@ -94,6 +105,26 @@ def exactness(averaged, plain, translators, data):
     return {name: float(max(np.abs(values[i] - original[i]).max() for i in ids)) for name, values in differences.items()}
 
 
+def decoded_directions(cfg):
+    """The directions decoded: the bilingual pair, or every direction of a multilingual setup with test
+    references; each with its segmented sources, references, BLEU tokenisation and fairseq's batches."""
+    work, data, ev = Path(cfg["paths"]["work"]), cfg["data"], cfg["eval"]
+    if data["kind"] != "multilingual":
+        src, tgt = data["source_lang"], data["target_lang"]
+        yield {"name": f"{src}-{tgt}", "src": src, "tgt": tgt, "multilingual": False, "tokenize": "none",
+               "task_args": ["--source-lang", src, "--target-lang", tgt],
+               "sources": [line.split() for line in tp.read_lines(work / "bpe" / f"test.{src}")],
+               "refs": tp.read_lines(work / "tok" / f"test.{tgt}"), "batches": fairseq_generate_batches(cfg)}
+        return
+    for name, corpus, task_args in multilingual_test_directions(cfg):
+        src, tgt = name.split("-")
+        yield {"name": name, "src": src, "tgt": tgt, "multilingual": True, "tokenize": ev["sacrebleu_tokenize"],
+               "zero_shot": name in data["zero_shot_pairs"], "task_args": task_args,
+               "sources": [line.split() for line in tp.read_lines(work / "spm_text" / f"test.{corpus}.{src}")],
+               "refs": tp.read_lines(work / "ref" / f"test.{corpus}.{tgt}"),
+               "batches": fairseq_generate_batches(cfg, task_args)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", required=True)
@@ -104,6 +135,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cfg = load(args.config, args.overrides)
     run_dir, work = Path(args.run_dir), Path(cfg["paths"]["work"])
+    multilingual = cfg["data"]["kind"] == "multilingual"
     scratch = run_dir / "deploy_bench"
     scratch.mkdir(exist_ok=True)
     chosen = last_checkpoints(run_dir / "checkpoints", cfg["eval"]["average_last"])
@@ -114,39 +146,49 @@ def main(argv=None):
     for name, quantization in (("ct2_float32", None), ("ct2_int8", "int8")):
         model_dir = export.to_ctranslate2(exported, scratch / name, work, quantization, run_config=cfg)
         translators[name] = DeployedTranslator(model_dir, threads=1)
-    src, tgt = cfg["data"]["source_lang"], cfg["data"]["target_lang"]
-    sources = [line.split() for line in tp.read_lines(work / "bpe" / f"test.{src}")]
-    refs = tp.read_lines(work / "tok" / f"test.{tgt}")
-    batches = fairseq_generate_batches(cfg)  # the same batches (and so length limits) as fairseq-generate
+    directions = list(decoded_directions(cfg))
+    sentences = sum(len(d["sources"]) for d in directions)
 
     engines = ["fairseq", "ct2_float32", "ct2_int8"]
     seconds = {name: [] for name in engines}
-    hyps = {}
+    hyps = {name: {} for name in engines}
     for round_index in range(args.rounds):
         order = engines[round_index % len(engines):] + engines[:round_index % len(engines)]
         for name in order:
-            if name == "fairseq":
-                hyps[name], spent = fairseq_engine(cfg, averaged, scratch / "generate.log")
-            else:
-                hyps[name], spent = ct2_engine(translators[name], sources, batches)
+            spent = 0.0
+            for d in directions:
+                if name == "fairseq":
+                    hyps[name][d["name"]], took = fairseq_engine(cfg, averaged, d, scratch / f"generate.{d['name']}.log")
+                else:
+                    hyps[name][d["name"]], took = ct2_engine(translators[name], d)
+                spent += took
             seconds[name].append(spent)
-            print(f"[deploy] round {round_index + 1} {name}: {len(sources) / spent:.1f} sentences/s", flush=True)
-    hyps["fairseq_plain_transformer"], _ = fairseq_engine(cfg, scratch / "transformer.pt",
-                                                          scratch / "generate_plain.log", plugin=False)
+            print(f"[deploy] round {round_index + 1} {name}: {sentences / spent:.1f} sentences/s", flush=True)
+    max_log_prob_difference = {}
+    if not multilingual:  # once, untimed: plain fairseq without the plugin, and each export's exactness
+        (d,) = directions
+        engines.append("fairseq_plain_transformer")
+        hyps["fairseq_plain_transformer"] = {d["name"]: fairseq_engine(cfg, scratch / "transformer.pt", d,
+                                                                       scratch / "generate_plain.log", plugin=False)[0]}
+        max_log_prob_difference = exactness(averaged, scratch / "transformer.pt", translators, work / "bin")
 
-    for name, lines in hyps.items():
-        tp.write_lines(scratch / f"hyp.{name}.{tgt}", lines)
-    max_log_prob_difference = exactness(averaged, scratch / "transformer.pt", translators, work / "bin")
     results = {}
-    for name in engines + ["fairseq_plain_transformer"]:
-        score, signature = bleu(hyps[name], refs, tokenize="none")
-        row = {"bleu": score, "signature": signature,
-               "same_hypotheses_as_fairseq": sum(a == b for a, b in zip(hyps[name], hyps["fairseq"]))}
+    for name in engines:
+        row = {"same_hypotheses_as_fairseq": 0, "bleu_by_direction": {}}
+        for d in directions:
+            lines = hyps[name][d["name"]]
+            tp.write_lines(scratch / f"hyp.{name}.{d['name']}.{d['tgt']}", lines)
+            row["bleu_by_direction"][d["name"]], row["signature"] = bleu(lines, d["refs"], tokenize=d["tokenize"])
+            row["same_hypotheses_as_fairseq"] += sum(a == b for a, b in zip(lines, hyps["fairseq"][d["name"]]))
+        row["bleu"] = round(statistics.mean(row["bleu_by_direction"].values()), 2)
+        if name != "fairseq":
+            row["bleu_change_vs_fairseq"] = {k: round(v - results["fairseq"]["bleu_by_direction"][k], 2)
+                                             for k, v in row["bleu_by_direction"].items()}
         if name in max_log_prob_difference:
             row["max_abs_log_prob_difference_vs_original"] = max_log_prob_difference[name]
         if name in seconds:
-            row["sentences_per_s"] = [round(len(sources) / s, 2) for s in seconds[name]]
-            row["median_sentences_per_s"] = round(len(sources) / statistics.median(seconds[name]), 2)
+            row["sentences_per_s"] = [round(sentences / s, 2) for s in seconds[name]]
+            row["median_sentences_per_s"] = round(sentences / statistics.median(seconds[name]), 2)
         results[name] = row
     base = results["fairseq"]["median_sentences_per_s"]
     for name in ("ct2_float32", "ct2_int8"):
@@ -154,10 +196,11 @@ def main(argv=None):
     payload = {
         "what": "beam search on the test set, one thread: fairseq-generate vs CTranslate2 (docs/deploy.md)",
         "command": "OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.deploy " + " ".join(sys.argv[1:] if argv is None else argv),
-        "run_dir": str(run_dir), "averaged": [p.name for p in chosen], "sentences": len(sources),
+        "run_dir": str(run_dir), "averaged": [p.name for p in chosen], "sentences": sentences,
+        "directions": {d["name"]: {"sentences": len(d["sources"]), "batches": len(d["batches"]),
+                                   "zero_shot": d.get("zero_shot", False)} for d in directions},
         "decoding": {k: cfg["eval"][k] for k in ("beam", "lenpen", "max_len_a", "max_len_b", "max_tokens")},
-        "batches": len(batches), "rounds": args.rounds,
-        "deepnorm_alpha": exported["exported_from"]["deepnorm_alpha"],
+        "rounds": args.rounds, "deepnorm_alpha": exported["exported_from"]["deepnorm_alpha"],
         "layer_norm_epsilon_ct2": json.loads((scratch / "ct2_float32" / "deploy.json").read_text())["layer_norm_epsilon"],
         "machine": machine(), "load_average": os.getloadavg(), "results": results,
     }

@@ -201,20 +201,28 @@ def group_members(cfg, pattern, directions):
     return [d for d in directions if (src in ("*", d.split("-")[0])) and (tgt in ("*", d.split("-")[1]))]
 
 
+def multilingual_test_directions(cfg):
+    """(direction, its corpus, fairseq's task options for it) for every direction with test references:
+    the training pairs, then the zero-shot ones."""
+    data, work = cfg["data"], Path(cfg["paths"]["work"])
+    for direction in data["lang_pairs"] + [p for p in data["zero_shot_pairs"] if p not in data["lang_pairs"]]:
+        s, t = direction.split("-")
+        corpus = "-".join(sorted((s, t)))
+        if (work / "ref" / f"test.{corpus}.{t}").exists():
+            yield direction, corpus, ["--task", "translation_multi_simple_epoch", "--lang-pairs",
+                                      ",".join(data["lang_pairs"]), "--langs", ",".join(data["langs"]),
+                                      "--source-lang", s, "--target-lang", t, "--encoder-langtok", "src",
+                                      "--decoder-langtok"]
+
+
 def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
     data, ev = cfg["data"], cfg["eval"]
     work = Path(cfg["paths"]["work"])
     translator = ctranslate2_translator(cfg, checkpoint, out, engine) if engine != "fairseq" else None
     rows = []
-    for direction in data["lang_pairs"] + [p for p in data["zero_shot_pairs"] if p not in data["lang_pairs"]]:
+    for direction, corpus, task_args in multilingual_test_directions(cfg):
         s, t = direction.split("-")
-        corpus = "-".join(sorted((s, t)))
         ref_path = work / "ref" / f"test.{corpus}.{t}"
-        if not ref_path.exists():
-            continue
-        task_args = ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
-                     "--langs", ",".join(data["langs"]), "--source-lang", s, "--target-lang", t,
-                     "--encoder-langtok", "src", "--decoder-langtok"]
         if translator:
             hyps = ctranslate2_hypotheses(translator, work / "spm_text" / f"test.{corpus}.{s}",
                                           fairseq_generate_batches(cfg, task_args), s, t)
