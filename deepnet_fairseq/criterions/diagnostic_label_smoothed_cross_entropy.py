@@ -92,9 +92,12 @@ class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriteri
 
 
 def _current_update():
-    """fairseq's update counter (the trainer logs it to the always-active 'default' aggregator)."""
-    meter = metrics.get_meter("default", "num_updates")
-    return int(getattr(meter, "val", 0) or 0) if meter is not None else 0
+    """fairseq's update counter, as the trainer last logged it to the active aggregators. Not
+    ``metrics.get_meter("default", ...)``: a resume's ``metrics.load_state_dict`` replaces the registered
+    'default' aggregator by the checkpoint's, frozen at the resumed update, while the trainer keeps
+    logging to the active one."""
+    values = [getattr(agg.get("num_updates"), "val", None) for agg in metrics.get_active_aggregators()]
+    return int(max((v for v in values if v is not None), default=0))
 
 
 @register_criterion("diagnostic_label_smoothed_cross_entropy", dataclass=DiagnosticLabelSmoothedCrossEntropyConfig)

@@ -7,6 +7,12 @@ Every hyperparameter comes from the config. ``--update-freq`` is derived so that
 ``train.max_tokens x world size x update-freq == train.batch_tokens``. Runs live in
 ``<paths.runs>/<setup>/<arch>/<N>L-<M>L`` (checkpoints/, tb/, train.log); rerunning resumes from
 ``checkpoints/checkpoint_last.pt``. Each finished run appends a record to ``paths.results``.
+
+Preemption: SIGUSR1 or SIGTERM sent to the launcher is passed on to fairseq-train (to torchrun as
+SIGTERM, which torchrun passes on to its workers), which saves ``checkpoint_last.pt`` at the end of
+the update and exits with status 75 (``deepnet_fairseq/training/preemption.py``). The launcher then
+exits with 75 too and, under SLURM (``SLURM_JOB_ID`` set), first requeues the job with
+``scontrol requeue``; the requeued job reruns the same command and resumes (docs/reliability.md).
 """
 
 import argparse
@@ -16,6 +22,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +37,11 @@ ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
 POSTLN_ARCHS = {"": "transformer", "iwslt_de_en": "transformer_iwslt_de_en", "wmt_en_de": "transformer_wmt_en_de",
                 "wmt_en_de_big": "transformer_vaswani_wmt_en_de_big", "opus100": "transformer",
                 "m2m_102": "transformer_vaswani_wmt_en_de_big"}
+
+
+PREEMPTED_EXIT_STATUS = 75  # deepnet_fairseq.training.preemption.PREEMPTED_EXIT_STATUS (this front end imports no fairseq)
+PREEMPTED_MARKER = f"exiting with status {PREEMPTED_EXIT_STATUS}"  # fairseq-train's one line (train_loop.py)
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 class LaunchError(ValueError):
@@ -214,9 +226,11 @@ class TrainLogStats:
     def __init__(self):
         self.stats = {"final_loss": None, "valid_loss": None, "updates": None}
         self.divergence_message = False
+        self.preempted = False
 
     def feed(self, line):
         self.divergence_message |= any(m in line for m in DIVERGENCE_MARKERS)
+        self.preempted |= PREEMPTED_MARKER in line
         match = _JSON_LOG.search(line)
         if not match:
             return
@@ -255,12 +269,15 @@ def append_record(path, record):
         handle.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def run(cmd, log_path, env, on_line=None):
+def run(cmd, log_path, env, on_line=None, forward_as=None):
     """Run ``cmd``, echoing each output line and appending it to ``log_path`` as it comes (flushed, so
     ``tail -f`` follows the run and a killed launcher loses nothing); ``on_line(line)`` sees every line.
-    Returns the exit status."""
+    SIGUSR1 and SIGTERM sent to the launcher go on to ``cmd`` (as ``forward_as`` if given). Returns the
+    exit status."""
     with open(log_path, "a", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(forward_as or signum))
+                    for sig in FORWARDED_SIGNALS}
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -272,7 +289,31 @@ def run(cmd, log_path, env, on_line=None):
         except KeyboardInterrupt:
             proc.terminate()
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return proc.wait()
+
+
+def requeue_if_preempted(returncode, log_stats, env, node_rank=0):
+    """Status 75 (or torchrun's failure after fairseq's preemption line): requeue under SLURM (node 0's
+    launcher). Returns the launcher's exit status, or None if the run was not preempted."""
+    if returncode == 0 or not (returncode == PREEMPTED_EXIT_STATUS or log_stats.preempted):
+        return None
+    at = f" after update {log_stats.stats['updates']}" if log_stats.stats["updates"] else ""
+    job = env.get("SLURM_JOB_ID")
+    if node_rank != 0:
+        return PREEMPTED_EXIT_STATUS
+    if not job:
+        print(f"[train] preempted{at}: checkpoint_last.pt saved; rerun the same command to resume", flush=True)
+        return PREEMPTED_EXIT_STATUS
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"error: preempted{at}, but `scontrol requeue {job}` failed ({done.stderr.strip()}); "
+              "resubmit the job to resume", file=sys.stderr)
+    else:
+        print(f"[train] preempted{at}: checkpoint_last.pt saved; SLURM job {job} requeued", flush=True)
+    return PREEMPTED_EXIT_STATUS
 
 
 def main(argv=None):
@@ -352,15 +393,20 @@ def main(argv=None):
         log_stats = TrainLogStats()
         # one log per node: a run folder on a shared file system is every node's
         log = folder / ("train.log" if opts.node_rank == 0 else f"train.node{opts.node_rank}.log")
-        returncode = run(cmds[0], log, env, log_stats.feed)
+        torchrun = "torchrun" in Path(cmds[0][0]).name  # it ends on SIGUSR1, passes SIGTERM on to its workers
+        returncode = run(cmds[0], log, env, log_stats.feed, forward_as=signal.SIGTERM if torchrun else None)
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
                   "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers),
                   "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
                   "diverged": log_stats.diverged(returncode), "returncode": returncode,
+                  "preempted": log_stats.preempted,
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats}
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
+        preempted = requeue_if_preempted(returncode, log_stats, os.environ, opts.node_rank)
+        if preempted is not None:
+            return preempted
         if returncode != 0:
             print(f"error: fairseq-train exited with {returncode} (log: {log})", file=sys.stderr)
             return returncode

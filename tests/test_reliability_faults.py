@@ -1,0 +1,305 @@
+"""Faults a cluster deals out, injected into real fairseq-train runs; every run's logged losses are
+compared with an uninterrupted run's, update by update, and the final parameters bitwise:
+
+- a preemption signal (SIGUSR1/SIGTERM): one process; two gloo processes with one rank signalled,
+  then both: every rank stops at the same update, status 75, nothing lost, nothing repeated;
+- a full disk while fairseq copies a checkpoint to ``checkpoint_last.pt``: one line, the previous
+  ``checkpoint_last.pt`` intact, no partial file, and the rerun resumes exactly;
+- ``kill -9`` of one of two gloo processes: the other names it and exits within the lost-rank timeout;
+- a NaN in one sublayer's output (``--divergence-rollback``): the update is skipped from the last good
+  state, logged with the sublayer, and past the bound training stops with the guard's error.
+
+2L-2L DeepNet d64, dropout 0, 400 real Multi30k pairs (8 updates per epoch), json log every update.
+One process runs ``--update-freq 2``, two processes one batch each: the same updates, bitwise
+(docs/reliability.md), so one reference serves every run. A test-only user dir injects the faults.
+"""
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+import torch
+from conftest import BIN, ROOT, TINY_MODEL, free_port
+from test_reliability_resume import losses, train_env
+
+from deepnet_fairseq.training import verify_checkpoint
+from deepnet_fairseq.training.preemption import PREEMPTED_EXIT_STATUS
+
+MAX_UPDATE = 40
+SAVE_EVERY = 6
+LOST_RANK_TIMEOUT = 10  # seconds; the default is 60
+
+FAULT_SHIM = textwrap.dedent('''
+    """Test-only plugin wrapper: a full disk from a chosen update on; a NaN in one module at chosen updates."""
+    import builtins, errno, os
+    import deepnet_fairseq  # noqa: F401  the plugin itself
+    from deepnet_fairseq.criterions.diagnostic_label_smoothed_cross_entropy import _current_update as _update
+
+    _full = os.environ.get("DISK_FULL", "")  # "<update>:<file name part>": writes to that file fail
+    if _full:
+        _at, _part = _full.split(":")
+        _open = builtins.open
+
+        class _FullDisk:
+            """A file on a disk with 100 kB left: a write past that fails with ENOSPC."""
+            def __init__(self, f):
+                self._f, self._room = f, 100_000
+            def write(self, data):
+                if len(data) > self._room:
+                    self._f.write(bytes(data)[: self._room])
+                    self._room = 0
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                self._room -= len(data)
+                return self._f.write(data)
+            def __getattr__(self, name):
+                return getattr(self._f, name)
+            def __enter__(self):
+                return self
+            def __exit__(self, *exc):
+                self._f.close()
+
+        def open(file, mode="r", *args, **kwargs):
+            f = _open(file, mode, *args, **kwargs)
+            if "w" in mode and _part in os.path.basename(str(file)) and _update() >= int(_at):
+                return _FullDisk(f)
+            return f
+
+        builtins.open = open
+
+    # "<update>:<attempts>,...": that update's first <attempts> tries (a rollback retries it) see a NaN
+    _nan_at = {int(u): int(n) for u, n in (item.split(":") for item in os.environ.get("NAN_AT", "").split(",") if item)}
+    if _nan_at:
+        from fairseq.trainer import Trainer
+
+        _train_step, _state = Trainer.train_step, {"armed": False, "hooked": False}
+
+        def train_step(self, samples, raise_oom=False):
+            if not _state["hooked"]:
+                module = self.get_model().get_submodule(os.environ["NAN_MODULE"])
+                module.register_forward_hook(lambda m, i, out: out * float("nan") if _state["armed"] else out)
+                _state["hooked"] = True
+            update = self.get_num_updates() + 1
+            _state["armed"] = _nan_at.get(update, 0) > 0
+            if _state["armed"]:
+                _nan_at[update] -= 1
+            return _train_step(self, samples, raise_oom)
+
+        Trainer.train_step = train_step
+''')
+
+
+@pytest.fixture(scope="module")
+def fault_shim(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shim") / "fault_shim"
+    folder.mkdir()
+    (folder / "__init__.py").write_text(FAULT_SHIM)
+    return folder
+
+
+def train_cmd(data, save_dir, user_dir, *extra):
+    return [BIN / "fairseq-train", data, "--user-dir", user_dir, "--task", "translation_exact_resume",
+            "--arch", "deepnet_transformer", "--encoder-layers", "2", "--decoder-layers", "2", *TINY_MODEL,
+            "--seed", "3", "--max-tokens", "500", "--dropout", "0",
+            "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--cpu",
+            "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY), "--save-interval", "1000",
+            "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0",
+            "--log-format", "json", "--log-interval", "1", "--save-dir", save_dir, *extra]
+
+
+def one_process(data, save_dir, user_dir, *extra):
+    return train_cmd(data, save_dir, user_dir, "--update-freq", "2", *extra)
+
+
+def two_processes(data, save_dir, user_dir, *extra):
+    port = free_port()
+    return [train_cmd(data, save_dir, user_dir, "--distributed-world-size", "2", "--distributed-rank", str(rank),
+                      "--distributed-no-spawn", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+                      "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp",
+                      "--lost-rank-timeout", str(LOST_RANK_TIMEOUT), *extra) for rank in (0, 1)]
+
+
+class Run:
+    """fairseq-train processes (one per rank), each logging to <name>_<rank>.log."""
+
+    def __init__(self, folder, name, cmds, **env):
+        self.logs = [folder / f"{name}_{rank}.log" for rank in range(len(cmds))]
+        self.procs = [subprocess.Popen([str(c) for c in cmd], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                       env=train_env(**env)) for cmd, log in zip(cmds, self.logs)]
+
+    def text(self, rank=0):
+        return self.logs[rank].read_text()
+
+    def wait_for_update(self, update):
+        deadline = time.time() + 300
+        while max(losses(self.text()), default=0) < update:
+            assert all(p.poll() is None for p in self.procs) and time.time() < deadline, self.text()[-3000:]
+            time.sleep(0.02)
+
+    def wait(self):
+        try:
+            return [p.wait(timeout=300) for p in self.procs]
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+
+
+@pytest.fixture(scope="module")
+def reference(multi30k_small_bin, tmp_path_factory, fault_shim):
+    """The uninterrupted run: {update: logged loss}, {update: logged lr}, final checkpoint."""
+    folder = tmp_path_factory.mktemp("reference")
+    run = Run(folder, "ref", [one_process(multi30k_small_bin, folder / "save", fault_shim)])
+    assert run.wait() == [0], run.text()[-3000:]
+    text = run.text()
+    assert sorted(losses(text)) == list(range(1, MAX_UPDATE + 1))
+    return losses(text), logged(text, "lr"), folder / "save" / "checkpoint_last.pt"
+
+
+def logged(text, key):
+    import json
+
+    return {int(row["num_updates"]): row[key] for row in
+            (json.loads(line.split("| train_inner |", 1)[1]) for line in text.splitlines() if "| train_inner |" in line)}
+
+
+def assert_as_uninterrupted(text, reference, first, last=None):
+    """The run logged updates first..last (last: wherever it stopped), each with the reference's loss."""
+    got = losses(text)
+    assert min(got) == first and (last is None or max(got) == last), sorted(got)
+    assert {u: reference[0][u] for u in got} == got
+    return max(got)
+
+
+def assert_same_parameters(path, reference):
+    got, want = torch.load(path)["model"], torch.load(reference[2])["model"]
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def updates_in(path):
+    return torch.load(path)["optimizer_history"][-1]["num_updates"]
+
+
+def preempted_line(text):
+    lines = [line for line in text.splitlines() if f"exiting with status {PREEMPTED_EXIT_STATUS}" in line]
+    assert len(lines) == 1, text[-3000:]
+    return lines[0]
+
+
+def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, fault_shim, reference, tmp_path):
+    save = tmp_path / "save"
+    last = save / "checkpoint_last.pt"
+
+    # 1. SIGUSR1 mid-interval: the update in progress ends, checkpoint_last.pt is saved, status 75
+    run = Run(tmp_path, "signal", [one_process(multi30k_small_bin, save, fault_shim)])
+    run.wait_for_update(3)
+    run.procs[0].send_signal(signal.SIGUSR1)
+    assert run.wait() == [PREEMPTED_EXIT_STATUS], run.text()[-3000:]
+    stopped = assert_as_uninterrupted(run.text(), reference, 1)
+    assert f"SIGUSR1 received: all 1 ranks stop after update {stopped}" in preempted_line(run.text())
+    assert updates_in(last) == stopped
+
+    # 2. resumes at stopped + 1; the disk fills while fairseq copies the next interval checkpoint to
+    #    checkpoint_last.pt: one line naming it, the previous checkpoint_last.pt intact, no partial file
+    interval = (stopped // SAVE_EVERY + 1) * SAVE_EVERY
+    full = Run(tmp_path, "full", [one_process(multi30k_small_bin, save, fault_shim)],
+               DISK_FULL=f"{interval}:checkpoint_last")
+    assert full.wait() == [1]
+    errors = [line for line in full.text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in full.text(), full.text()[-3000:]
+    assert (f"error: could not write checkpoint {last} ([Errno 28] No space left on device); a checkpoint needs "
+            in errors[0] and f"{last} is unchanged; free space and rerun to resume" in errors[0])
+    assert_as_uninterrupted(full.text(), reference, stopped + 1, interval)
+    verify_checkpoint(last)
+    assert updates_in(last) == stopped
+    for path in save.iterdir():  # every file under a checkpoint name is complete; no .tmp is left
+        assert path.suffix == ".pt", path
+        verify_checkpoint(path)
+
+    # 3. space freed: the same command resumes at stopped + 1 and trains to the end, as the reference
+    done = Run(tmp_path, "done", [one_process(multi30k_small_bin, save, fault_shim)])
+    assert done.wait() == [0], done.text()[-3000:]
+    assert_as_uninterrupted(done.text(), reference, stopped + 1, MAX_UPDATE)
+    assert_same_parameters(last, reference)
+
+
+def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bin, fault_shim, reference, tmp_path):
+    save = tmp_path / "save"
+    last = save / "checkpoint_last.pt"
+
+    # 1. SIGUSR1 to rank 1 only: both ranks agree at the end of the update, rank 0 saves, both exit 75
+    run = Run(tmp_path, "rank1", two_processes(multi30k_small_bin, save, fault_shim))
+    run.wait_for_update(3)
+    run.procs[1].send_signal(signal.SIGUSR1)
+    assert run.wait() == [PREEMPTED_EXIT_STATUS] * 2, run.text()[-3000:]
+    first = assert_as_uninterrupted(run.text(), reference, 1)
+    assert f"a signal reached another rank: all 2 ranks stop after update {first}" in preempted_line(run.text())
+    assert updates_in(last) == first
+
+    # 2. SIGTERM to both (as SLURM sends it), a few updates after the resume
+    run = Run(tmp_path, "both", two_processes(multi30k_small_bin, save, fault_shim))
+    run.wait_for_update(first + 3)
+    for proc in run.procs:
+        proc.send_signal(signal.SIGTERM)
+    assert run.wait() == [PREEMPTED_EXIT_STATUS] * 2, run.text()[-3000:]
+    second = assert_as_uninterrupted(run.text(), reference, first + 1)
+    assert f"SIGTERM received: all 2 ranks stop after update {second}" in preempted_line(run.text())
+    assert updates_in(last) == second
+
+    # 3. kill -9 of rank 1 after the next interval save: rank 0 names it within the lost-rank timeout
+    run = Run(tmp_path, "killed", two_processes(multi30k_small_bin, save, fault_shim))
+    saved = (second // SAVE_EVERY + 1) * SAVE_EVERY
+    run.wait_for_update(saved + 1)
+    killed_at = time.time()
+    run.procs[1].send_signal(signal.SIGKILL)
+    assert run.procs[0].wait(timeout=LOST_RANK_TIMEOUT + 30) == 1
+    detected = time.time() - killed_at
+    assert run.wait() == [1, -signal.SIGKILL]
+    errors = [line for line in run.text().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in run.text(), run.text()[-3000:]
+    assert errors[0].startswith("error: lost rank 1: no heartbeat for ") and errors[0].endswith(
+        f" s (--lost-rank-timeout {LOST_RANK_TIMEOUT}); rank 0 stops; rerun the command to resume from checkpoint_last.pt")
+    assert LOST_RANK_TIMEOUT - 1 < detected < LOST_RANK_TIMEOUT + 20, detected
+    assert_as_uninterrupted(run.text(), reference, second + 1)
+    assert updates_in(last) == saved
+
+    # 4. the same command again: resumes after the last save and trains to the end, as the reference
+    run = Run(tmp_path, "done", two_processes(multi30k_small_bin, save, fault_shim))
+    assert run.wait() == [0, 0], run.text()[-3000:]
+    assert_as_uninterrupted(run.text(), reference, saved + 1, MAX_UPDATE)
+    assert_same_parameters(last, reference)
+
+
+def test_rollback_skips_a_nan_update_and_stops_past_the_bound(multi30k_small_bin, fault_shim, reference, tmp_path):
+    """A NaN in encoder layer 1's FFN output at update 5 (once) and at update 9 (three tries in a row),
+    with two rollbacks allowed, each halving the learning rate."""
+    save = tmp_path / "save"
+    run = Run(tmp_path, "nan", [one_process(multi30k_small_bin, save, fault_shim,
+                                            "--criterion", "diagnostic_label_smoothed_cross_entropy",
+                                            "--divergence-guard", "--divergence-rollback", "2",
+                                            "--divergence-rollback-lr-factor", "0.5")],
+              NAN_AT="5:1,9:3", NAN_MODULE="encoder.layers.1.fc2")
+    assert run.wait() == [1]
+    text = run.text()
+    rollbacks = [line.split(" | ")[-1] for line in text.splitlines() if "divergence rollback" in line]
+    where = "loss nan per token (non-finite); first non-finite output in sublayer enc1_ffn"
+    assert rollbacks == [
+        f"divergence rollback 1/2: update 5: {where}; model and optimizer stay at update 4, batch skipped, "
+        "learning rate x0.5 from now on",
+        f"divergence rollback 2/2: update 9: {where}; model and optimizer stay at update 8, batch skipped, "
+        "learning rate x0.25 from now on"]
+    assert text.strip().splitlines()[-1] == (
+        f"deepnet_fairseq.diagnostics.monitors.DivergenceError: training diverged at update 9: {where}; rolled back "
+        "2 times already (--divergence-rollback). The last saved checkpoint is untouched.")
+    # updates 1-4 as the uninterrupted run; 5-8 trained on the next batches at half the learning rate
+    got, lr = losses(text), logged(text, "lr")
+    assert sorted(got) == list(range(1, 9))
+    assert {u: got[u] for u in range(1, 5)} == {u: reference[0][u] for u in range(1, 5)}
+    assert all(got[u] != reference[0][u] for u in range(5, 9))  # other batches, other weights
+    assert [float(lr[u]) / float(reference[1][u]) for u in range(1, 9)] == [1.0] * 4 + [0.5] * 4
+    verify_checkpoint(save / "checkpoint_last.pt")
+    assert updates_in(save / "checkpoint_last.pt") == SAVE_EVERY
+    assert not (save / "crash.pt").exists()  # fairseq's NaN path (crash.pt, NaN detector re-run) not taken
