@@ -196,8 +196,10 @@ def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, 
     # 1. SIGUSR1 mid-interval: the update in progress ends, checkpoint_last.pt is saved, status 75
     run = Run(tmp_path, "signal", [one_process(multi30k_small_bin, save, fault_shim)])
     run.wait_for_update(3)
+    signalled = time.time()
     run.procs[0].send_signal(signal.SIGUSR1)
     assert run.wait() == [PREEMPTED_EXIT_STATUS], run.text()[-3000:]
+    print(f"one process: SIGUSR1 to exit {time.time() - signalled:.1f} s")  # docs/reliability.md (pytest -s)
     stopped = assert_as_uninterrupted(run.text(), reference, 1)
     assert f"SIGUSR1 received: all 1 ranks stop after update {stopped}" in preempted_line(run.text())
     assert updates_in(last) == stopped
@@ -233,8 +235,10 @@ def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bi
     # 1. SIGUSR1 to rank 1 only: both ranks agree at the end of the update, rank 0 saves, both exit 75
     run = Run(tmp_path, "rank1", two_processes(multi30k_small_bin, save, fault_shim))
     run.wait_for_update(3)
+    signalled = time.time()
     run.procs[1].send_signal(signal.SIGUSR1)
     assert run.wait() == [PREEMPTED_EXIT_STATUS] * 2, run.text()[-3000:]
+    print(f"two processes, rank 1 signalled: signal to both exited {time.time() - signalled:.1f} s")
     first = assert_as_uninterrupted(run.text(), reference, 1)
     assert f"a signal reached another rank: all 2 ranks stop after update {first}" in preempted_line(run.text())
     assert updates_in(last) == first
@@ -263,6 +267,7 @@ def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bi
     assert errors[0].startswith("error: lost rank 1: no heartbeat for ") and errors[0].endswith(
         f" s (--lost-rank-timeout {LOST_RANK_TIMEOUT}); rank 0 stops; rerun the command to resume from checkpoint_last.pt")
     assert LOST_RANK_TIMEOUT - 1 < detected < LOST_RANK_TIMEOUT + 20, detected
+    print(f"kill -9 of rank 1 to rank 0's exit: {detected:.1f} s (--lost-rank-timeout {LOST_RANK_TIMEOUT})")
     assert_as_uninterrupted(run.text(), reference, second + 1)
     assert updates_in(last) == saved
 
@@ -303,3 +308,38 @@ def test_rollback_skips_a_nan_update_and_stops_past_the_bound(multi30k_small_bin
     verify_checkpoint(save / "checkpoint_last.pt")
     assert updates_in(save / "checkpoint_last.pt") == SAVE_EVERY
     assert not (save / "crash.pt").exists()  # fairseq's NaN path (crash.pt, NaN detector re-run) not taken
+
+
+@pytest.mark.parametrize("step", ["write", "copy"])
+def test_a_failed_checkpoint_write_keeps_the_previous_file_and_leaves_no_partial_one(tmp_path, monkeypatch, step):
+    """fairseq's two ways of writing a checkpoint: torch.save of the first file (through a .tmp), then a copy
+    to the others (checkpoint_last.pt), both as the plugin installs them into fairseq's checkpoint_utils."""
+    import errno
+
+    from fairseq import checkpoint_utils
+
+    from deepnet_fairseq.training import checkpoint_integrity
+    from deepnet_fairseq.training.safe_save import CheckpointWriteError
+
+    last = tmp_path / "checkpoint_last.pt"
+    torch.save({"model": {"w": torch.zeros(1000)}}, last)
+    before = last.read_bytes()
+
+    def half_then_full(data, handle):
+        handle.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if step == "write":
+        monkeypatch.setattr(torch, "save", lambda obj, handle: half_then_full(obj, handle))
+        action = lambda: checkpoint_utils.torch_persistent_save({"model": {"w": torch.ones(1000)}}, str(last))  # noqa: E731
+    else:
+        source = tmp_path / "checkpoint_2_20.pt"
+        torch.save({"model": {"w": torch.ones(1000)}}, source)
+        monkeypatch.setattr(checkpoint_integrity.shutil, "copyfileobj", lambda src, dst, length: half_then_full(src, dst))
+        action = lambda: checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)  # noqa: E731
+    with pytest.raises(CheckpointWriteError) as raised:
+        action()
+    assert str(raised.value).startswith(f"could not write checkpoint {last} ([Errno 28] No space left on device); "
+                                        "a checkpoint needs 0.0 MiB, ") and "MiB free there; " in str(raised.value)
+    assert str(raised.value).endswith(f"{last} is unchanged; free space and rerun to resume")
+    assert last.read_bytes() == before and not list(tmp_path.glob("*.tmp"))

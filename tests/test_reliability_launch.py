@@ -58,3 +58,51 @@ def test_run_record_is_read_line_by_line():
     assert reader.diverged(1) and not reader.diverged(0)
     reader.feed('x | INFO | train_inner | {"num_updates": "13", "loss": "inf"}\n')
     assert reader.diverged(0)
+
+
+# SLURM stand-ins: srun's tasks behave as fairseq-train with the plugin on SIGUSR1 (log the preemption line,
+# exit 75; srun passes signals on to its tasks and returns their highest status); scontrol records its call
+PREEMPTED_SRUN = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    trap 'echo "x | WARNING | deepnet_fairseq.training.train_loop | SIGUSR1 received: all 2 ranks stop after update 3, \\
+    saved in run/checkpoints/checkpoint_last.pt; exiting with status 75 (rerun the same command to resume)"; exit 75' USR1
+    echo 'x | INFO | train_inner | {"num_updates": "3", "loss": "5.5"}'
+    while true; do sleep 0.05; done
+""")
+RECORDING_SCONTROL = '#!/usr/bin/env bash\necho "$@" >> "$(dirname "$0")/scontrol.calls"\n'
+
+
+def test_launcher_passes_a_signal_on_and_requeues_the_slurm_job_when_training_exits_75(tmp_path):
+    from deepnet_fairseq.training.preemption import PREEMPTED_EXIT_STATUS
+
+    assert launch.PREEMPTED_EXIT_STATUS == PREEMPTED_EXIT_STATUS == 75
+    bin_dir, work = tmp_path / "slurm_bin", tmp_path / "work"
+    bin_dir.mkdir()
+    (work / "bin").mkdir(parents=True)
+    (work / "bin" / ".done").touch()
+    for name, text in (("srun", PREEMPTED_SRUN), ("scontrol", RECORDING_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SLURM_JOB_ID="4242", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "deepnet_fairseq.setups.launch", ROOT / "configs/iwslt14_de_en.yaml", "--arch", "deepnet",
+         "--layers", "2,2", "--cpu", "--nodes", "2", "--launcher", "slurm", "--run-dir", run_dir,
+         f"paths.work={work}", f"paths.results={tmp_path / 'results.jsonl'}", "train.max_tokens=1024"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while not (run_dir / "train.log").exists() or "train_inner" not in (run_dir / "train.log").read_text():
+            assert launcher.poll() is None and time.time() < deadline, launcher.stdout.read()
+            time.sleep(0.02)
+        launcher.send_signal(signal.SIGUSR1)  # as SLURM's `#SBATCH --signal=B:USR1@120` does
+        out, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 75, out
+    assert "[train] preempted after update 3: checkpoint_last.pt saved; SLURM job 4242 requeued" in out
+    assert (bin_dir / "scontrol.calls").read_text() == "requeue 4242\n"
+    record = json.loads((tmp_path / "results.jsonl").read_text())
+    assert (record["returncode"], record["preempted"], record["diverged"], record["updates"]) == (75, True, False, 3)
+    assert not (run_dir / "train.done").exists()
