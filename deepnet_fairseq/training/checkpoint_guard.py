@@ -9,8 +9,9 @@ API) wraps two functions of ``fairseq.checkpoint_utils``, so every entry point g
   that holds no fairseq checkpoint raises ``CorruptCheckpointError`` naming the file. Uncaught,
   that error prints as one ``error: <file>: <what is wrong>`` line (exit status 1).
 - ``load_checkpoint`` (fairseq-train only): before loading, rank 0 replaces a damaged
-  ``checkpoint_last.pt`` by the newest complete checkpoint (``repair_last_checkpoint``) or stops on
-  a damaged ``--restore-file``; after loading, a run already at ``--max-update`` exits without
+  ``checkpoint_last.pt`` by the newest complete checkpoint (``repair_last_checkpoint``), or an intact
+  one by a newer complete checkpoint whose copy to it was interrupted (``catch_up_last_checkpoint``),
+  or stops on a damaged ``--restore-file``; after loading, a run already at ``--max-update`` exits without
   training. fairseq itself checks ``--max-update`` only after an update, so rerunning a finished
   command trained one update more (update 61 after a 60-update run) and saved it.
 """
@@ -23,7 +24,12 @@ import sys
 
 from fairseq import checkpoint_utils
 
-from .checkpoint_integrity import CorruptCheckpointError, repair_last_checkpoint, verify_checkpoint
+from .checkpoint_integrity import (
+    CorruptCheckpointError,
+    catch_up_last_checkpoint,
+    repair_last_checkpoint,
+    verify_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +91,8 @@ def _guarded_load_checkpoint(load):
                     verify_once(last)
                 except CorruptCheckpointError:
                     repair_last_checkpoint(last)
+                else:
+                    catch_up_last_checkpoint(last)
             elif os.path.isfile(cfg.restore_file):
                 verify_once(cfg.restore_file)
         extra_state, epoch_itr = load(cfg, trainer, **passthrough_args)

@@ -7,9 +7,13 @@ reads every record through Python's ``zipfile`` (which checks each CRC) and rais
 
 fairseq writes the first checkpoint of a save atomically (``.tmp`` + rename) but then *copies* it to
 the others (``checkpoint_last.pt``, ``checkpoint_best.pt``) with a plain, non-atomic copy, so a
-``kill -9`` during that copy leaves a truncated ``checkpoint_last.pt`` beside the complete file it
-was copied from. ``repair_last_checkpoint`` moves the damaged file aside (``*.corrupt``) and puts a
-verified copy of the newest complete checkpoint in its place (temp name, fsync, rename).
+``kill -9`` during that copy left a truncated ``checkpoint_last.pt`` beside the complete file it
+was copied from. The plugin's copies are atomic now (``safe_save``), so such a kill leaves the
+previous ``checkpoint_last.pt`` in place, older than the file being copied:
+``catch_up_last_checkpoint`` then puts that newer file in its place. ``repair_last_checkpoint``
+still handles a damaged ``checkpoint_last.pt`` (a file damaged later, or written without the
+plugin): it moves the file aside (``*.corrupt``) and puts a verified copy of the newest complete
+checkpoint in its place (temp name, fsync, rename).
 """
 
 import logging
@@ -21,6 +25,7 @@ import zipfile
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"checkpoint.*\.pt")
+FIRST_OF_A_SAVE = re.compile(r"checkpoint(\d+|_\d+_\d+)\.pt")  # the file fairseq writes, then copies to _last
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -98,6 +103,27 @@ def repair_last_checkpoint(last_path):
     atomic_copy(replacement, last_path)
     logger.warning(f"{damage}; moved it to {last_path}.corrupt and resuming from {replacement}")
     return replacement
+
+
+def catch_up_last_checkpoint(last_path):
+    """If a complete ``checkpoint<E>.pt`` / ``checkpoint_<E>_<U>.pt`` is newer than ``checkpoint_last.pt``
+    (fairseq copies it there last, so a save stopped during that copy), put it in its place; returns it
+    (None if ``checkpoint_last.pt`` is the newest)."""
+    save_dir = os.path.dirname(last_path) or "."
+    last_written = os.path.getmtime(last_path)
+    newer = [os.path.join(save_dir, name) for name in os.listdir(save_dir) if FIRST_OF_A_SAVE.fullmatch(name)
+             and os.path.getmtime(os.path.join(save_dir, name)) > last_written]
+    for candidate in sorted(newer, key=os.path.getmtime, reverse=True):
+        try:
+            verify_checkpoint(candidate)
+        except CorruptCheckpointError as err:
+            logger.warning(f"skipping {err}")
+            continue
+        atomic_copy(candidate, last_path)
+        logger.warning(f"{candidate} is newer than {last_path} (a save stopped while copying it there); "
+                       f"resuming from {candidate}")
+        return candidate
+    return None
 
 
 def main(argv=None):
