@@ -122,6 +122,42 @@ def test_initialisation_std_matches_beta():
     assert checked == n * 6 + m * 10
 
 
+@pytest.mark.parametrize("extra, changed", [
+    (("--deepnorm-init", "source"), {"decoder.layers.0.encoder_attn.v_proj", "decoder.layers.0.encoder_attn.out_proj"}),
+    (("--deepnorm-gains", "decoder_ffn[-1]=1,encoder_self_attn[1]=1"),
+     {"decoder.layers.2.fc1", "decoder.layers.2.fc2", "encoder.layers.1.self_attn.v_proj",
+      "encoder.layers.1.self_attn.out_proj"}),
+])
+def test_gains_change_only_the_named_sublayers(extra, changed):
+    """The source init (and the ablation option) differ from the paper's init in the named weights only:
+    Xavier gain 1 there, the very same tensors everywhere else."""
+    shape = ("--encoder-layers", 2, "--decoder-layers", 3, "--encoder-embed-dim", 256, "--decoder-embed-dim", 256,
+             "--encoder-ffn-embed-dim", 512, "--decoder-ffn-embed-dim", 512)
+    torch.manual_seed(3)
+    paper_init = build("deepnet_transformer", *shape).state_dict()
+    torch.manual_seed(3)
+    variant = build("deepnet_transformer", *shape, *extra).state_dict()
+    differ = {name.rsplit(".", 1)[0] for name in paper_init if not torch.equal(paper_init[name], variant[name])}
+    assert differ == changed
+    for name in changed:
+        w = variant[f"{name}.weight"]
+        assert w.std().item() == pytest.approx(xavier_std(w, 1.0), rel=0.03), name
+
+
+@pytest.mark.parametrize("spec", ["decoder_cross=1", "decoder_ffn[x]=1", "decoder_ffn=0", "decoder_ffn", "encoder_ffn[0=1"])
+def test_bad_gains_name_the_option(spec):
+    with pytest.raises(ValueError, match=f"--deepnorm-gains: '{spec.replace('[', '.')}'"):
+        build("deepnet_transformer", "--deepnorm-gains", spec)
+
+
+def test_a_layers_own_gain_wins_over_its_groups():
+    from deepnet_fairseq.models.deepnorm import parse_gains, sublayer_gain
+
+    gains = parse_gains("decoder_cross_attn=0.5,decoder_cross_attn[-1]=1")
+    assert [sublayer_gain(gains, "decoder_cross_attn", i, 3, 0.2) for i in range(3)] == [0.5, 0.5, 1.0]
+    assert sublayer_gain(gains, "decoder_ffn", 0, 3, 0.2) == 0.2
+
+
 def test_preln_and_postln_keep_fairseq_init():
     """The DeepNorm init is the only difference: fairseq's own init elsewhere (xavier_uniform q/k/v, gain 1/sqrt 2)."""
     model = build("preln_transformer", "--encoder-layers", 2, "--decoder-layers", 2)

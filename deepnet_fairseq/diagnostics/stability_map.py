@@ -47,9 +47,10 @@ METHODS = {
     "preln": ("preln_transformer_iwslt_de_en", []),
     "deepnet": ("deepnet_transformer_iwslt_de_en", []),
     "deepnet_torchscale_init": ("deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "torchscale"]),
+    "deepnet_source_init": ("deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "source"]),
 }
 LABELS = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet",
-          "deepnet_torchscale_init": "DeepNet, torchscale's init"}
+          "deepnet_torchscale_init": "DeepNet, torchscale's init", "deepnet_source_init": "DeepNet, source init"}
 FIELDS = ["method", "depth", "lr", "warmup", "updates", "status", "valid_nll", "final_train_loss", "src_dep",
           "unigram_entropy", "uniform_entropy", "reason", "wall_s"]
 PIPELINE_DATA = ["data.layout=plain", "data.train=[train]", "data.valid=[valid]", "data.test=[test2016]"]

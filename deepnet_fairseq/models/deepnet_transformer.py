@@ -13,6 +13,11 @@ projection (weights and biases), then the value/output/FFN weights *and biases* 
 (its encoder beta is 1.32x the paper's in an encoder-decoder model; ``deepnorm.py``). Differences and
 the forward equivalence with torchscale are in docs/torchscale.md.
 
+``--deepnorm-init source`` is the paper's init with the first decoder layer's cross-attention
+``v_proj``/``out_proj`` at gain 1, so that the decoder hears its source from the first updates; and
+``--deepnorm-unit-gain GROUPS`` leaves any sublayer group (or one layer of it) at gain 1, for ablations
+(``deepnorm.py``; the study is in docs/diagnostics.md).
+
 Each layer keeps its alpha as a (persistent) buffer: checkpoints record the constants they were
 trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model of the same shape.
 """
@@ -28,14 +33,14 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 import torch
 from torch import nn
 
-from .deepnorm import DeepNormConstants, deepnorm_constants
+from .deepnorm import GAINS_OF_INIT, DeepNormConstants, deepnorm_constants, parse_gains, sublayer_gain
 from .layer_class_model import LayerClassTransformerModel, require_post_ln
-from .layers import LayerClassDecoder, LayerClassEncoder
+from .layers import LayerClassDecoder, LayerClassEncoder, wrap_layer
 from .sizes import register_size_variants
 
 logger = logging.getLogger(__name__)
 
-DEEPNORM_INIT_CHOICES = ChoiceEnum(["paper", "torchscale"])
+DEEPNORM_INIT_CHOICES = ChoiceEnum(list(GAINS_OF_INIT))
 
 
 @dataclass
@@ -54,8 +59,17 @@ class DeepNetConfig(TransformerConfig):
     )
     deepnorm_init: DEEPNORM_INIT_CHOICES = field(
         default="paper",
-        metadata={"help": "DeepNorm's initialisation: 'paper' (Xavier-normal gains and beta of the paper) or "
-                          "'torchscale' (torchscale 0.3.0's released init; docs/torchscale.md)"},
+        metadata={"help": "DeepNorm's initialisation: 'paper' (Xavier-normal gains and beta of the paper), "
+                          "'torchscale' (torchscale 0.3.0's released init; docs/torchscale.md) or 'source' (the "
+                          "paper's with the first decoder layer's cross-attention at gain 1: no source-ignoring "
+                          "plateau; docs/diagnostics.md)"},
+    )
+    deepnorm_gains: Optional[str] = field(
+        default=None,
+        metadata={"help": "ablation: Xavier gains instead of beta for the value/output or FFN weights of sublayer "
+                          "groups, comma-separated GROUP=GAIN (every layer) or GROUP[i]=GAIN (layer i, -1 = last), "
+                          "GROUP one of encoder_self_attn, encoder_ffn, decoder_self_attn, decoder_cross_attn, "
+                          "decoder_ffn; e.g. decoder_cross_attn[0]=1"},
     )
 
     def deepnorm(self) -> DeepNormConstants:
@@ -69,6 +83,14 @@ class DeepNetConfig(TransformerConfig):
             decoder_alpha=self.deepnorm_decoder_alpha,
             decoder_beta=self.deepnorm_decoder_beta,
         )
+
+    def init_gain(self, group: str, layer: int) -> float:
+        """The Xavier gain of ``group``'s scaled weights in layer ``layer`` (0-based): the stack's beta, unless
+        the init or ``--deepnorm-gains`` sets another."""
+        stack = group.split("_")[0]
+        init = str(getattr(self, "deepnorm_init", "paper"))
+        gains = parse_gains(",".join(filter(None, [GAINS_OF_INIT[init], getattr(self, "deepnorm_gains", None)])))
+        return sublayer_gain(gains, group, layer, getattr(self, stack).layers, getattr(self.deepnorm(), f"{stack}_beta"))
 
 
 def deepnorm_init_(attentions, ffn_linears, beta):
@@ -101,27 +123,29 @@ def torchscale_init_(attentions, ffn_linears, beta):
         linear.bias.mul_(beta)
 
 
-DEEPNORM_INITS = {"paper": deepnorm_init_, "torchscale": torchscale_init_}
+DEEPNORM_INITS = {"paper": deepnorm_init_, "torchscale": torchscale_init_, "source": deepnorm_init_}
 
 
 class DeepNormEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, return_fc=False):
+    def __init__(self, cfg, return_fc=False, layer_index=0):
         super().__init__(cfg, return_fc=return_fc)
-        constants = cfg.deepnorm()
-        self.register_buffer("deepnorm_alpha", torch.tensor(constants.encoder_alpha))
-        DEEPNORM_INITS[str(cfg.deepnorm_init)]([self.self_attn], [self.fc1, self.fc2], constants.encoder_beta)
+        self.register_buffer("deepnorm_alpha", torch.tensor(cfg.deepnorm().encoder_alpha))
+        init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
+        init_([self.self_attn], [], cfg.init_gain("encoder_self_attn", layer_index))
+        init_([], [self.fc1, self.fc2], cfg.init_gain("encoder_ffn", layer_index))
 
     def residual_connection(self, x, residual):
         return residual * self.deepnorm_alpha + x
 
 
 class DeepNormDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False, layer_index=0):
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
-        constants = cfg.deepnorm()
-        self.register_buffer("deepnorm_alpha", torch.tensor(constants.decoder_alpha))
+        self.register_buffer("deepnorm_alpha", torch.tensor(cfg.deepnorm().decoder_alpha))
         init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
-        init_([self.self_attn, self.encoder_attn], [self.fc1, self.fc2], constants.decoder_beta)
+        init_([self.self_attn], [], cfg.init_gain("decoder_self_attn", layer_index))
+        init_([self.encoder_attn], [], cfg.init_gain("decoder_cross_attn", layer_index))
+        init_([], [self.fc1, self.fc2], cfg.init_gain("decoder_ffn", layer_index))
 
     def residual_connection(self, x, residual):
         return residual * self.deepnorm_alpha + x
@@ -130,9 +154,17 @@ class DeepNormDecoderLayer(TransformerDecoderLayerBase):
 class DeepNetEncoder(LayerClassEncoder):
     layer_class = DeepNormEncoderLayer
 
+    def build_encoder_layer(self, cfg):  # fairseq builds the layers in order; the init needs each one's index
+        self.layers_built = getattr(self, "layers_built", 0) + 1
+        return wrap_layer(self.layer_class(cfg, return_fc=self.return_fc, layer_index=self.layers_built - 1), cfg)
+
 
 class DeepNetDecoder(LayerClassDecoder):
     layer_class = DeepNormDecoderLayer
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        self.layers_built = getattr(self, "layers_built", 0) + 1
+        return wrap_layer(self.layer_class(cfg, no_encoder_attn, layer_index=self.layers_built - 1), cfg)
 
 
 @register_model("deepnet_transformer")
@@ -149,7 +181,9 @@ class DeepNetTransformerModel(LayerClassTransformerModel):
         require_post_ln(args, "DeepNorm")
         cfg = cls.config_class.from_namespace(args)
         constants = cfg.deepnorm()  # validates the overrides
-        logger.info(f"{constants.describe()} ({cfg.deepnorm_init} init)")
+        parse_gains(cfg.deepnorm_gains)  # and the ablation's gains
+        logger.info(f"{constants.describe()} ({cfg.deepnorm_init} init"
+                    + (f"; gains {cfg.deepnorm_gains}" if cfg.deepnorm_gains else "") + ")")
 
 
 def deepnet_defaults(args):

@@ -11,6 +11,13 @@ function serves encoder-decoder, encoder-only (BERT-like) and decoder-only (GPT-
 alpha up-weights the residual in every sublayer, ``x <- LN(alpha * x + G(x))``; beta is the gain of
 ``xavier_normal_`` for the FFN weights and the attention value/output projections.
 
+Which weights get beta: the value/output projections and FFN ``fc1``/``fc2`` of the sublayer groups in
+``SUBLAYER_GROUPS``, in every layer, except where an init (``GAINS_OF_INIT``) or the ablation option
+``--deepnorm-gains`` gives a group, or one layer of it, another Xavier gain (``sublayer_gain``).
+``init="source"`` is the paper's init with the first decoder layer's cross-attention at gain 1: one
+sublayer, whatever the depth, so the source gets a voice at initialisation while the update bound keeps
+its shape (docs/diagnostics.md, "DeepNet without the plateau").
+
 ``init="torchscale"`` gives the betas of Microsoft's torchscale 0.3.0 (``--deepnorm-init torchscale``):
 the same formulas except the encoder of an encoder-decoder model, where torchscale divides its init by
 ``(N^4 M)^(1/16) / 1.15``, i.e. beta = 1.15 (N^4 M)^(-1/16) (1.32x the paper's 0.87). There beta
@@ -53,7 +60,40 @@ def _check_override(value, option: str) -> Optional[float]:
 
 # The encoder-decoder encoder beta's coefficient, by initialisation (--deepnorm-init); torchscale 0.3.0's
 # torchscale/architecture/encoder.py: init_scale = (N^4 M)^(1/16) / 1.15, weights divided by it.
-ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15}
+ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15, "source": 0.87}
+
+# The sublayer groups whose value/output (attention) or fc1/fc2 (FFN) weights the init scales by beta.
+SUBLAYER_GROUPS = ("encoder_self_attn", "encoder_ffn", "decoder_self_attn", "decoder_cross_attn", "decoder_ffn")
+# What each init sets apart from beta, spelt as --deepnorm-gains takes it.
+GAINS_OF_INIT = {"paper": "", "torchscale": "", "source": "decoder_cross_attn[0]=1"}
+
+
+def parse_gains(spec: Optional[str]) -> dict:
+    """``--deepnorm-gains``: "GROUP=GAIN,GROUP[i]=GAIN,..." -> {(group, layer index or None): gain}.
+
+    ``decoder_ffn=1`` sets the group's gain in every layer; ``decoder_cross_attn[0]=1`` in its first layer
+    only and ``[-1]`` in its last (Python indices; a layer's own entry wins over its group's).
+    """
+    gains = {}
+    for item in filter(None, (part.strip() for part in (spec or "").split(","))):
+        target, _, value = item.partition("=")
+        group, _, index = target.partition("[")
+        try:
+            gain = float(value)
+            layer = int(index[:-1]) if index.endswith("]") else None if not index else int("x")
+        except ValueError:
+            gain = layer = None
+        if group not in SUBLAYER_GROUPS or gain is None or not 0 < gain < float("inf"):
+            raise ValueError(f"--deepnorm-gains: {item!r} is not GROUP=GAIN or GROUP[i]=GAIN with a gain > 0 and "
+                             f"GROUP one of {', '.join(SUBLAYER_GROUPS)}")
+        gains[group, layer] = gain
+    return gains
+
+
+def sublayer_gain(gains: dict, group: str, layer: int, num_layers: int, beta: float) -> float:
+    """The Xavier gain of ``group``'s scaled weights in layer ``layer`` (0-based, of ``num_layers``)."""
+    own = [g for (name, index), g in gains.items() if name == group and index is not None and index % num_layers == layer]
+    return own[-1] if own else gains.get((group, None), beta)
 
 
 def deepnorm_constants(
