@@ -13,8 +13,9 @@ length penalty, maximum length):
 
 - ``fairseq``: fairseq-generate with the plugin on the averaged DeepNet checkpoint (what
   ``scripts/evaluate.sh`` runs: a subprocess for a bilingual setup, fairseq-generate's ``main`` in
-  this process for each direction of a multilingual one); speed = its own "Translated N sentences in
-  T s" (model loading and data reading excluded), summed over directions;
+  this process for each direction of a multilingual one); time = N / the sentences/s of its own
+  "Translated N sentences ... (S sentences/s)" (model loading and data reading excluded), summed over
+  directions;
 - ``ct2_float32``, ``ct2_int8``: ``DeployedTranslator.translate_segmented`` on fairseq-generate's
   batches (what ``evaluate.sh --engine ctranslate2`` runs), timed around the call (model loading
   excluded).

@@ -2,6 +2,8 @@
 
     python -m deepnet_fairseq.export CHECKPOINT --to transformer OUT.pt
     python -m deepnet_fairseq.export CHECKPOINT --to ctranslate2 OUTDIR [--quantization int8] [--work DIR]
+    python -m deepnet_fairseq.export CHECKPOINT --to ctranslate2 OUTDIR [--data DIR] [--tokenizer moses]
+        [--bpe subword_nmt --bpe-codes FILE | --bpe sentencepiece --sentencepiece-model FILE]   (no setup)
     python -m deepnet_fairseq.export RUN/checkpoints --average-last 5 --to ...   (average first)
 
 What is exported, and why it is exact:
@@ -28,9 +30,11 @@ is made exact by carrying its residual stream scaled by ``c = alpha_enc/alpha_de
 LayerNorm's gain and bias times c (so each layer outputs c times the original), the inputs
 projections that read the stream (``q/k/v_proj``, ``fc1``, and the decoder's cross-attention
 ``k/v_proj`` reading the encoder output) divided by c, and the branch outputs (``out_proj``, ``fc2``)
-times c. docs/deploy.md has the derivation. The directory also gets the dictionaries and the
-setup's tokenisation (Moses settings and BPE codes; bilingual setups) in ``deploy.json``, so
-``python -m deepnet_fairseq.translate OUTDIR`` translates raw text.
+times c. docs/deploy.md has the derivation. The directory also gets the dictionaries, the text
+processing and the languages in ``deploy.json`` (a setup's Moses/BPE or SentencePiece, else
+fairseq-interactive's ``--tokenizer``/``--bpe`` options, else tokens in and out; a multilingual
+model's language tokens as its task adds them), so ``python -m deepnet_fairseq.translate OUTDIR``
+translates raw text.
 """
 
 import argparse

@@ -9,6 +9,11 @@ for a few hundred updates here still gives one sentence for every source), a Pre
 LM and an unsupported architecture. A DeepNet trained by the whole pipeline is exported and checked
 on all of Multi30k's test2016 by benchmarks/deploy.py. Decoding settings are fixed (beam 5, at most
 40 tokens) so that batching cannot change a hypothesis.
+
+Without a setup: conftest's fairseq-preprocess slice, a DeepNet trained a few updates by fairseq-train
+and fairseq's own transformer, exported to CTranslate2 from the data folder alone. The translator
+through bad input: invalid UTF-8, a 3,000-word line, empty lines, a sentence that fails to decode.
+The multilingual export is tested on the OPUS-100 pipeline's model (test_setup_opus.py).
 """
 
 import json
