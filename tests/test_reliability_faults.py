@@ -221,10 +221,13 @@ def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, 
         assert path.suffix == ".pt", path
         verify_checkpoint(path)
 
-    # 3. space freed: the same command resumes at stopped + 1 and trains to the end, as the reference
+    # 3. space freed: the same command resumes from the complete file whose copy failed (newer than
+    #    checkpoint_last.pt) and trains to the end, as the reference
+    copied = list(save.glob(f"checkpoint_*_{interval}.pt"))  # none if the save was at an epoch's end
     done = Run(tmp_path, "done", [one_process(multi30k_small_bin, save, fault_shim)])
     assert done.wait() == [0], done.text()[-3000:]
-    assert_as_uninterrupted(done.text(), reference, stopped + 1, MAX_UPDATE)
+    assert_as_uninterrupted(done.text(), reference, (interval if copied else stopped) + 1, MAX_UPDATE)
+    assert not copied or f"{copied[0]} is newer than {last}" in done.text()
     assert_same_parameters(last, reference)
 
 
