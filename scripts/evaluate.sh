@@ -11,11 +11,12 @@ Usage: scripts/evaluate.sh --config configs/<setup>.yaml (--arch A [--layers N,M
 Averages the last K checkpoints of the run (eval.average_last), runs fairseq-generate on the test
 set and scores it with the setup's metric (eval.metric): IWSLT-14 tokenised BLEU; WMT-17 compound-
 split BLEU plus detokenised sacreBLEU; multilingual: detokenised sacreBLEU per direction, a CSV and
-a heatmap, group averages. The copy-the-source baseline is scored too. Writes <run>/eval/ and
-appends a record to paths.results. --engine ctranslate2 (any setup) exports the averaged checkpoint
-to <run>/eval/ctranslate2/ and decodes with CTranslate2 instead, in fairseq-generate's batches: the
-same hypotheses at float32; ctranslate2_int8 with int8 weights (<run>/eval/ctranslate2_int8/;
-docs/deploy.md).
+a heatmap, group averages, and per direction the share of hypotheses identified as the target
+language (py3langid; the top wrong language; zero-shot directions marked). The copy-the-source
+baseline is scored too. Writes <run>/eval/ and appends a record to paths.results.
+--engine ctranslate2 (any setup) exports the averaged checkpoint to <run>/eval/ctranslate2/ and
+decodes with CTranslate2 instead, in fairseq-generate's batches: the same hypotheses at float32;
+ctranslate2_int8 with int8 weights (<run>/eval/ctranslate2_int8/; docs/deploy.md).
 USAGE
 }
 

@@ -9,6 +9,7 @@ from conftest import ROOT, SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq import textprep as tp
+from deepnet_fairseq.setups import langid
 from deepnet_fairseq.setups.evaluate import bleu
 
 
@@ -66,6 +67,12 @@ def test_multilingual_per_direction_table_with_zero_shot(opus):
         assert "case:mixed" in signature and "tok:13a" in signature
         assert row["zero_shot"] == str(row["direction"] in ("de-fr", "fr-de"))
         assert not any("__" + t + "__" in h or "\u2581" in h for h in hyps)  # language tokens and pieces removed
+        # target-language accuracy: the identifier's figures on the written hypotheses, over the setup's languages
+        on_target = langid.target_language_accuracy(hyps, t, ["de", "en", "fr"])
+        assert {k: row[k] for k in on_target} == {k: "" if v is None else str(v) for k, v in on_target.items()}
+        labels = langid.identify(hyps, ["de", "en", "fr"])
+        assert float(row["target_lang_acc"]) == round(100 * labels.count(t) / len(hyps), 1)
+        assert row["top_wrong_lang"] in {"", *({"de", "en", "fr"} - {t})}
     supervised = {r["direction"]: float(r["bleu"]) for r in rows if r["zero_shot"] == "False"}
     copies = {r["direction"]: float(r["copy_source_bleu"]) for r in rows}
     assert supervised["de-en"] > copies["de-en"], (supervised, copies)
@@ -74,6 +81,26 @@ def test_multilingual_per_direction_table_with_zero_shot(opus):
     assert scores["groups"]["zero-shot"]["directions"] == 2
     zero = [float(r["bleu"]) for r in rows if r["zero_shot"] == "True"]
     assert scores["groups"]["zero-shot"]["bleu"] == pytest.approx(round(sum(zero) / 2, 2))
+    # the record: every direction's target-language accuracy as in the CSV, group averages, the identifier
+    assert scores["langid"].startswith("py3langid ")
+    by_direction = {r["direction"]: r for r in rows}
+    for record in scores["directions"]:
+        row = by_direction[record["direction"]]
+        assert record["zero_shot"] == (row["zero_shot"] == "True")
+        assert str(record["target_lang_acc"]) == row["target_lang_acc"]
+        assert record["top_wrong_lang"] == row["top_wrong_lang"]
+    # the directions into English are the model's best trained (de-en beats copying the source): English output
+    assert scores["groups"]["X->En"]["target_lang_acc"] > 50, scores["groups"]
+    zero_acc = [float(r["target_lang_acc"]) for r in rows if r["zero_shot"] == "True"]
+    assert scores["groups"]["zero-shot"]["target_lang_acc"] == pytest.approx(round(sum(zero_acc) / 2, 1))
+    appended = [json.loads(line) for line in (opus["tmp"] / "results.jsonl").read_text().splitlines()][-1]
+    assert appended["directions"] == scores["directions"]
+    # the printed table: one line per direction, zero-shot ones marked with *
+    for row in rows:
+        name = row["direction"] + ("*" if row["zero_shot"] == "True" else "")
+        line = f"[evaluate] {name:<10} {float(row['bleu']):6.2f} {float(row['target_lang_acc']):9.1f}%"
+        assert line in opus["stdout"], line
+    print("\n".join(line for line in opus["stdout"].splitlines() if "on-target" in line or "%" in line))
     assert (opus["run"] / "eval/bleu_heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -119,6 +146,8 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     for direction, row in rows.items():
         assert tp.read_lines(run_dir / f"eval/hyp.{direction}.{direction[3:]}") == fairseq_hyps[direction], direction
         assert (ct2_rows[direction]["bleu"], ct2_rows[direction]["zero_shot"]) == (row["bleu"], row["zero_shot"])
+        same = ("target_lang_acc", "top_wrong_lang", "top_wrong_share", "empty_share")
+        assert [ct2_rows[direction][k] for k in same] == [row[k] for k in same], direction
 
     model_dir = run_dir / "eval/ctranslate2"
     settings = json.loads((model_dir / "deploy.json").read_text())

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from .. import textprep as tp
+from . import langid
 from .average import average_checkpoints, last_checkpoints
 from .config import ConfigError, load
 from .launch import BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers, run_dir
@@ -236,6 +237,7 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
         copy, _ = bleu(sources, refs, tokenize=ev["sacrebleu_tokenize"])
         rows.append({"src": s, "tgt": t, "direction": direction, "zero_shot": direction in data["zero_shot_pairs"],
                      "bleu": score, "copy_source_bleu": copy, "sentences": len(hyps), "signature": signature})
+        rows[-1].update(langid.target_language_accuracy(hyps, t, data["langs"]))  # off-target output (issue 28)
         print(f"[evaluate] {direction}: BLEU {score} (copy-source {copy})", flush=True)
     if not rows:
         raise tp.DataError(f"{work / 'ref'}: no test references for any direction")
@@ -252,10 +254,12 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
         if members:
             groups[name] = {"bleu": round(sum(by_direction[d] for d in members) / len(members), 2),
                             "directions": len(members)}
+            groups[name]["target_lang_acc"] = langid.mean_accuracy([r for r in rows if r["direction"] in members])
+    print(langid.table(rows, groups), flush=True)
     return {"bleu": round(sum(by_direction.values()) / len(rows), 2), "signature": rows[0]["signature"],
             "copy_source_bleu": round(sum(r["copy_source_bleu"] for r in rows) / len(rows), 2),
             "metric": "average detokenised sacreBLEU over directions", "groups": groups, "directions": rows,
-            "engine": engine}
+            "engine": engine, "langid": langid.identifier_name()}
 
 
 def heatmap(rows, langs, path, title):

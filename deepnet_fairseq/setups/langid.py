@@ -3,7 +3,7 @@
     python -m deepnet_fairseq.setups.langid --flores ../shared/data/flores200_devtest [--compare lingua]
 
 The identifier is py3langid (a maintained fork of langid.py: a naive Bayes model over byte n-grams,
-97 languages, whose model ships inside its PyPI package; nothing is downloaded at run time). In an
+140 language labels, whose model ships inside its PyPI package; nothing is downloaded at run time). In an
 evaluation it is restricted to the setup's languages (``data.langs``) that it knows: a multilingual
 model writes one of its own languages, and the restriction removes confusions with languages the model
 never saw (measured on FLORES by the command above; docs/setups.md "Target-language accuracy").
@@ -23,6 +23,7 @@ otherwise. The wrong language is reported as the identifier's label.
 """
 
 import argparse
+import copy
 import functools
 import sys
 import time
@@ -46,9 +47,10 @@ def _identifier(labels):
     """py3langid's identifier over ``labels`` (a sorted tuple of its labels; () for all of them)."""
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
-    identifier = LanguageIdentifier.from_model_file(MODEL_FILE)
-    if labels:
-        identifier.set_languages(list(labels))
+    if not labels:
+        return LanguageIdentifier.from_model_file(MODEL_FILE)
+    identifier = copy.copy(_identifier(()))  # shares the full model's arrays; set_languages replaces its own
+    identifier.set_languages(list(labels))
     return identifier
 
 
