@@ -269,7 +269,7 @@ def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bi
     assert len(errors) == 1 and "Traceback" not in run.text(), run.text()[-3000:]
     assert errors[0].startswith("error: lost rank 1: no heartbeat for ") and errors[0].endswith(
         f" s (--lost-rank-timeout {LOST_RANK_TIMEOUT}); rank 0 stops; rerun the command to resume from checkpoint_last.pt")
-    assert LOST_RANK_TIMEOUT - 1 < detected < LOST_RANK_TIMEOUT + 20, detected
+    assert LOST_RANK_TIMEOUT - 2 < detected < LOST_RANK_TIMEOUT + 20, detected  # peers poll every timeout/6
     print(f"kill -9 of rank 1 to rank 0's exit: {detected:.1f} s (--lost-rank-timeout {LOST_RANK_TIMEOUT})")
     assert_as_uninterrupted(run.text(), reference, second + 1)
     assert updates_in(last) == saved
@@ -346,3 +346,13 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file_and_leaves_no_partial
                                         "a checkpoint needs 0.0 MiB, ") and "MiB free there; " in str(raised.value)
     assert str(raised.value).endswith(f"{last} is unchanged; free space and rerun to resume")
     assert last.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+
+
+def test_save_on_signals_names_catchable_signals_or_none():
+    from deepnet_fairseq.training.preemption import parse_signals
+
+    assert parse_signals("SIGUSR1,SIGTERM") == [signal.SIGUSR1, signal.SIGTERM]
+    assert parse_signals(" usr2 ") == [signal.SIGUSR2]
+    assert parse_signals("none") == [] == parse_signals("")
+    with pytest.raises(ValueError, match="'SIGKILL' is not a signal that can be caught"):
+        parse_signals("SIGTERM,KILL")
