@@ -1,0 +1,305 @@
+"""Zero-shot study at small scale (issue 28): Post-LN, Pre-LN and DeepNet trained English-centric on the
+shared Multi30k (de<->en, en<->fr), tested on the three-way parallel test2016 in all six directions,
+zero-shot de<->fr included: sacreBLEU and target-language accuracy, with the spread over seeds.
+
+    python -m deepnet_fairseq.setups.zero_shot_study [--archs postln,preln,deepnet] [--layers 6,6 ...]
+        [--seeds 1,2,3] [--stages 1500,3000,4500] [--work DIR] [--runs DIR] [--out DIR] [--dry-run]
+        [--summary-only] [key=value ...]
+
+Everything goes through the shipped OPUS-100 scripts (configs/opus100.yaml): the Multi30k files are laid
+out in OPUS-100's raw layout under WORK/raw, then scripts/prepare_opus100.sh, binarize.sh, and for each
+stage S, each depth, seed and arch, train_opus100.sh to S updates (a run resumes from its
+checkpoint_last.pt, so each stage continues the previous one) and evaluate.sh (average of the last 5
+update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<arch>/<N>L-<M>L; the records go
+to RUNS/results.jsonl. A marker eval/evaluated_at_<S> skips finished work, so rerunning the same
+command continues an interrupted study. The stages show where the supervised directions stop improving.
+
+The summary (written after every evaluation, or alone with --summary-only) goes to OUT: results.md
+(per direction mean +- sample standard deviation over seeds, at each stage), summary.csv, zero_shot.png
+(supervised BLEU, zero-shot BLEU and zero-shot target-language accuracy by updates), results.jsonl (a
+copy of the records) and commands.txt (the command lines run).
+
+Settings (the issue's): d64, FFN 256, 4 heads, dropout 0.1, lr 2e-3, 400 warm-up updates, 2,000 tokens a
+batch, a checkpoint every 100 updates, 8,000 SentencePiece pieces; all can be overridden with key=value.
+"""
+
+import argparse
+import csv
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+CONFIG = ROOT / "configs" / "opus100.yaml"
+ARCHS = ("postln", "preln", "deepnet")
+ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet"}
+SUPERVISED = ("de-en", "en-de", "en-fr", "fr-en")
+ZERO_SHOT = ("de-fr", "fr-de")
+DATA = ["data.langs=[de,en,fr]", "data.lang_pairs=[de-en,en-de,en-fr,fr-en]", "data.zero_shot_pairs=[de-fr,fr-de]"]
+SETTINGS = ["prep.spm_vocab_size=8000", "prep.spm_sample_sentences=200000",
+            "model.embed_dim=64", "model.ffn_dim=256", "model.heads=4", "model.share_all_embeddings=true",
+            "train.dropout=0.1", "train.lr=2e-3", "train.warmup_updates=400", "train.max_tokens=2000",
+            "train.batch_tokens=2000", "train.max_epoch=null", "train.save_interval_updates=100",
+            "train.validate_interval_updates=500", "train.log_interval=100",
+            "eval.average_last=5", "eval.max_len_a=1.2", "eval.max_len_b=10"]
+# Multi30k: train 29,000, valid 1,014, test2016 1,000 lines; de/en/fr three-way parallel
+SPLITS = {"train": "train", "dev": "valid", "test": "test2016"}
+
+
+class StudyError(Exception):
+    pass
+
+
+def opus_layout(shared, raw, max_train=None, test_lines=None):
+    """Multi30k de-en and en-fr in OPUS-100's raw layout under ``raw`` (supervised train/dev/test), de-fr's
+    test as zero-shot; ``max_train`` / ``test_lines`` cut the files (None: all lines). Skipped if done."""
+    marker = raw / ".done"
+    wanted = json.dumps({"max_train": max_train, "test_lines": test_lines})
+    if marker.exists():
+        if marker.read_text() != wanted:
+            raise StudyError(f"{raw} was laid out with {marker.read_text()}, not {wanted}: use another --work")
+        return
+    files = {"de": shared / "multi30k_de_en", "en": shared / "multi30k_de_en", "fr": shared / "multi30k_en_fr"}
+    for group, corpus, splits in (("supervised", "de-en", SPLITS), ("supervised", "en-fr", SPLITS),
+                                  ("zeroshot", "de-fr", {"test": "test2016"})):
+        folder = raw / group / corpus
+        folder.mkdir(parents=True, exist_ok=True)
+        for split, stem in splits.items():
+            limit = max_train if split == "train" else test_lines if split == "test" else None
+            for lang in corpus.split("-"):
+                source = files[lang] / f"{stem}.{lang}"
+                if not source.exists():
+                    raise StudyError(f"{source}: missing (--shared-data)")
+                lines = source.read_text(encoding="utf-8").splitlines()[:limit]
+                (folder / f"opus.{corpus}-{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    marker.write_text(wanted)
+
+
+class Runner:
+    """Runs (or with ``dry`` prints) commands, logging them to ``log``."""
+
+    def __init__(self, log, dry):
+        self.log, self.dry = log, dry
+
+    def __call__(self, cmd):
+        line = " ".join(shlex.quote(str(c)) for c in cmd)
+        print(f"[zero_shot_study] {line}", flush=True)
+        if self.dry:
+            return
+        with open(self.log, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+        if subprocess.run([str(c) for c in cmd]).returncode != 0:
+            raise StudyError(f"failed: {line}")
+
+
+def seed_of(run_dir):
+    match = re.search(r"seed(\d+)", str(run_dir))
+    return int(match.group(1)) if match else None
+
+
+def mean_sd(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, sd
+
+
+def summarise(records):
+    """Rows (arch, depth, updates) of the latest eval record of each (run, updates), aggregated over seeds."""
+    latest, walls = {}, {}
+    for record in records:
+        seed = seed_of(record.get("run_dir", ""))
+        if record.get("setup") != "opus100" or seed is None:
+            continue
+        key = (record["arch"], record["encoder_layers"], record["decoder_layers"])
+        if record.get("kind") == "eval" and record.get("updates") is not None:
+            latest[key + (record["updates"], seed)] = record
+        elif record.get("kind") == "train" and record.get("updates") is not None:
+            walls[key + (record["updates"], seed)] = record.get("wall_time_s")
+    groups = {}
+    for (arch, enc, dec, updates, seed), record in latest.items():
+        groups.setdefault((arch, enc, dec, updates), []).append((seed, record))
+    rows = []
+    for (arch, enc, dec, updates), runs in sorted(groups.items(), key=lambda x: (x[0][1], ARCHS.index(x[0][0])
+                                                                                if x[0][0] in ARCHS else 9, x[0][3])):
+        row = {"arch": arch, "model": ARCH_NAMES.get(arch, arch), "layers": f"{enc}L-{dec}L", "updates": updates,
+               "seeds": ",".join(str(s) for s, _ in sorted(runs))}
+        per_direction = {}
+        for _, record in runs:
+            for d in record.get("directions", []):
+                per_direction.setdefault(d["direction"], []).append(d)
+        for direction in SUPERVISED + ZERO_SHOT:
+            found = per_direction.get(direction, [])
+            row[f"{direction} bleu"] = mean_sd([d["bleu"] for d in found])
+            row[f"{direction} on-target"] = mean_sd([d.get("target_lang_acc") for d in found])
+        for name, directions, field in (("supervised bleu", SUPERVISED, "bleu"), ("zero-shot bleu", ZERO_SHOT, "bleu"),
+                                        ("zero-shot on-target", ZERO_SHOT, "target_lang_acc")):
+            per_run = []
+            for _, record in runs:
+                values = [d.get(field) for d in record.get("directions", []) if d["direction"] in directions]
+                values = [v for v in values if v is not None]
+                per_run.append(sum(values) / len(values) if values else None)
+            row[name] = mean_sd(per_run)
+        row["train wall s (this stage)"] = mean_sd([walls.get((arch, enc, dec, updates, s)) for s, _ in runs])
+        rows.append(row)
+    return rows
+
+
+COLUMNS = ([f"{d} bleu" for d in SUPERVISED] + [f"{d} bleu" for d in ZERO_SHOT]
+           + [f"{d} on-target" for d in SUPERVISED + ZERO_SHOT]
+           + ["supervised bleu", "zero-shot bleu", "zero-shot on-target", "train wall s (this stage)"])
+
+
+def fmt(value, digits):
+    mean, sd = value
+    return "-" if mean is None else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def write_summary(records, out):
+    rows = summarise(records)
+    out.mkdir(parents=True, exist_ok=True)
+    head = ["model", "layers", "updates", "seeds"]
+    with open(out / "summary.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(head + [f"{c} {part}" for c in COLUMNS for part in ("mean", "sd")])
+        for row in rows:
+            writer.writerow([row[h] for h in head] + [x if x is None else round(x, 3) for c in COLUMNS for x in row[c]])
+    names = [c.replace(" bleu", "").replace("de-fr", "de-fr*").replace("fr-de", "fr-de*") if c.endswith(" bleu")
+             and c[:5] in SUPERVISED + ZERO_SHOT else c for c in COLUMNS]
+    lines = ["BLEU: detokenised sacreBLEU (13a) on Multi30k test2016; on-target: % of hypotheses identified as the "
+             "target language (py3langid over de/en/fr); mean ± sample standard deviation over the seeds; "
+             "* zero-shot.", "",
+             "| " + " | ".join(head + names) + " |", "|" + "---|" * (len(head) + len(names))]
+    for row in rows:
+        cells = [row["model"], row["layers"], str(row["updates"]), row["seeds"]]
+        cells += [fmt(row[c], 0 if c.startswith("train wall") else 1 if "on-target" in c else 2) for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    (out / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plot(rows, out / "zero_shot.png")
+    with open(out / "results.jsonl", "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
+    return rows
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("supervised bleu", "supervised BLEU (4 directions)"),
+              ("zero-shot bleu", "zero-shot BLEU (de-fr, fr-de)"), ("zero-shot on-target", "zero-shot on target (%)"))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for (field, title), ax in zip(panels, axes):
+        for (model, layers) in dict.fromkeys((r["model"], r["layers"]) for r in rows):
+            points = [(r["updates"], *r[field]) for r in rows if (r["model"], r["layers"]) == (model, layers)
+                      and r[field][0] is not None]
+            if points:
+                x, y, err = zip(*points)
+                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{model} {layers}")
+        ax.set_title(title)
+        ax.set_xlabel("updates")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.rename(path)
+
+
+def read_records(path):
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def csv_list(text, kind=str):
+    return [kind(x) for x in text.split(",") if x]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.setups.zero_shot_study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="section.key=value for every stage (after the study's own)")
+    parser.add_argument("--archs", default="postln,preln,deepnet")
+    parser.add_argument("--layers", action="append", help="N,M (repeat for more depths; default 6,6)")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--stages", default="1500,3000,4500", help="updates at which to stop and evaluate")
+    parser.add_argument("--work", default="work/zero_shot_m30k", help="raw layout, prepared and binarised data")
+    parser.add_argument("--runs", default="runs/zero_shot", help="run folders and results.jsonl")
+    parser.add_argument("--out", default="docs/results/zero_shot", help="tables, plot, records")
+    parser.add_argument("--shared-data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--max-train", type=int, help="training lines per corpus (default: all 29,000)")
+    parser.add_argument("--test-lines", type=int, help="test lines per direction (default: all 1,000)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--summary-only", action="store_true", help="rewrite OUT from RUNS/results.jsonl")
+    opts = parser.parse_intermixed_args(argv)
+    try:
+        archs = csv_list(opts.archs)
+        if not archs or set(archs) - set(ARCHS):
+            raise StudyError(f"--archs: of {', '.join(ARCHS)}, got {opts.archs!r}")
+        layers = opts.layers or ["6,6"]
+        if not all(re.fullmatch(r"[1-9]\d*,[1-9]\d*", x) for x in layers):
+            raise StudyError(f"--layers must be N,M, got {layers}")
+        try:
+            seeds, stages = csv_list(opts.seeds, int), sorted(csv_list(opts.stages, int))
+        except ValueError:
+            raise StudyError("--seeds and --stages are comma-separated integers") from None
+        if not seeds or not stages or min(stages) < 1:
+            raise StudyError("--seeds and --stages need at least one positive value each")
+        work, runs, out = Path(opts.work).resolve(), Path(opts.runs).resolve(), Path(opts.out).resolve()
+        results = runs / "results.jsonl"
+        if not opts.summary_only:
+            runs.mkdir(parents=True, exist_ok=True)
+            run = Runner(runs / "commands.txt", opts.dry_run)
+            common = DATA + SETTINGS + [f"paths.work={work}", f"paths.results={results}"]
+            if not opts.dry_run:
+                opus_layout(Path(opts.shared_data), work / "raw", opts.max_train, opts.test_lines)
+            run(["bash", SCRIPTS / "prepare_opus100.sh", "--raw-dir", work / "raw", "--workers", "2", *common,
+                 *opts.overrides])
+            run(["bash", SCRIPTS / "binarize.sh", "--config", CONFIG, "--workers", "2", *common, *opts.overrides])
+            for stage in stages:
+                for depth in layers:
+                    for seed in seeds:
+                        for arch in archs:
+                            args = [*common, f"paths.runs={runs / f'seed{seed}'}", f"train.seed={seed}",
+                                    *opts.overrides, f"train.max_update={stage}"]
+                            folder = runs / f"seed{seed}" / "opus100" / arch / f"{depth.replace(',', 'L-')}L"
+                            marker = folder / "eval" / f"evaluated_at_{stage}"
+                            if marker.exists():
+                                print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)
+                                continue
+                            start = time.time()
+                            run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, "--cpu",
+                                 *args])
+                            run(["bash", SCRIPTS / "evaluate.sh", "--config", CONFIG, "--arch", arch, "--layers",
+                                 depth, "--cpu", *args])
+                            if not opts.dry_run:
+                                marker.write_text(f"{time.time() - start:.1f} s\n")
+                                write_summary(read_records(results), out)
+            if opts.dry_run:
+                return 0
+        rows = write_summary(read_records(results), out)
+        if not rows:
+            raise StudyError(f"{results}: no evaluation records of the study")
+        print((out / "results.md").read_text(encoding="utf-8"))
+        (out / "commands.txt").write_text(
+            "python -m deepnet_fairseq.setups.zero_shot_study " + " ".join(shlex.quote(a) for a in (
+                argv if argv is not None else sys.argv[1:])) + "\n\n" +
+            ((runs / "commands.txt").read_text(encoding="utf-8") if (runs / "commands.txt").exists() else ""))
+    except StudyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

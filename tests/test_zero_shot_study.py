@@ -1,0 +1,77 @@
+"""The zero-shot study's script (deepnet_fairseq/setups/zero_shot_study.py) without training: its raw layout of
+the shared Multi30k, its commands, and its summary over seeds from evaluation records."""
+
+import csv
+import math
+
+import pytest
+from conftest import SHARED_DATA
+
+from deepnet_fairseq.setups import zero_shot_study as study
+
+
+def test_opus_layout_of_multi30k_is_three_way_parallel(tmp_path):
+    raw = tmp_path / "raw"
+    study.opus_layout(SHARED_DATA, raw, max_train=50, test_lines=7)
+    files = sorted(str(p.relative_to(raw)) for p in raw.rglob("opus.*"))
+    assert len(files) == 2 * 3 * 2 + 2 and "zeroshot/de-fr/opus.de-fr-test.fr" in files
+    read = lambda p: (raw / p).read_text(encoding="utf-8").splitlines()  # noqa: E731
+    assert len(read("supervised/de-en/opus.de-en-train.de")) == 50
+    assert len(read("supervised/en-fr/opus.en-fr-dev.fr")) == 1014  # valid: all lines
+    # the test sets are line-aligned across the two corpora: the same English, hence de-fr pairs
+    assert read("supervised/de-en/opus.de-en-test.en") == read("supervised/en-fr/opus.en-fr-test.en")
+    assert read("zeroshot/de-fr/opus.de-fr-test.de") == read("supervised/de-en/opus.de-en-test.de")
+    assert read("zeroshot/de-fr/opus.de-fr-test.fr") == read("supervised/en-fr/opus.en-fr-test.fr")
+    study.opus_layout(SHARED_DATA, raw, max_train=50, test_lines=7)  # done: skipped
+    with pytest.raises(study.StudyError, match="use another --work"):
+        study.opus_layout(SHARED_DATA, raw, max_train=60, test_lines=7)
+
+
+def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
+    args = ["--dry-run", "--archs", "preln,deepnet", "--seeds", "1,2", "--stages", "200,100",
+            "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "r"), "model.heads=2"]
+    assert study.main(args) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[zero_shot_study]")]
+    assert "prepare_opus100.sh" in lines[0] and "binarize.sh" in lines[1]
+    trains = [line for line in lines if "train_opus100.sh" in line]
+    assert len(trains) == 2 * 2 * 2 and all("--layers 6,6 --cpu" in line for line in trains)
+    assert "train.seed=1" in trains[0] and "train.max_update=100" in trains[0] and "train.max_update=200" in trains[-1]
+    assert all(line.index("model.heads=4") < line.index("model.heads=2") for line in trains)  # user's overrides last
+    assert f"paths.runs={tmp_path / 'r' / 'seed2'}" in trains[-1]
+    assert not (tmp_path / "w").exists()
+    assert study.main(["--archs", "transformer", "--dry-run"]) == 2
+    assert study.main(["--seeds", "x", "--dry-run"]) == 2
+
+
+def eval_record(arch, seed, updates, bleu, on_target):
+    directions = [{"direction": d, "bleu": bleu[d], "target_lang_acc": on_target[d]} for d in bleu]
+    return {"kind": "eval", "setup": "opus100", "arch": arch, "encoder_layers": 6, "decoder_layers": 6,
+            "updates": updates, "run_dir": f"runs/zero_shot/seed{seed}/opus100/{arch}/6L-6L", "directions": directions}
+
+
+def test_summary_over_seeds(tmp_path):
+    bleu1 = {"de-en": 10.0, "en-de": 8.0, "en-fr": 12.0, "fr-en": 14.0, "de-fr": 1.0, "fr-de": 3.0}
+    bleu2 = {d: v + 2 for d, v in bleu1.items()}
+    acc1 = {d: 100.0 for d in bleu1} | {"de-fr": 20.0, "fr-de": 40.0}
+    acc2 = {d: 100.0 for d in bleu1} | {"de-fr": 30.0, "fr-de": 50.0}
+    records = [eval_record("deepnet", 1, 1500, bleu1, acc1), eval_record("deepnet", 2, 1500, bleu2, acc2),
+               eval_record("preln", 1, 1500, bleu1, acc1),
+               {"kind": "train", "setup": "opus100", "arch": "deepnet", "encoder_layers": 6, "decoder_layers": 6,
+                "updates": 1500, "run_dir": "runs/zero_shot/seed1/opus100/deepnet/6L-6L", "wall_time_s": 600.0},
+               {"kind": "eval", "setup": "opus100", "arch": "deepnet", "run_dir": "elsewhere/opus100/deepnet/6L-6L",
+                "encoder_layers": 6, "decoder_layers": 6, "updates": 1500, "directions": []}]  # not the study's
+    rows = study.write_summary(records, tmp_path)
+    assert [(r["model"], r["seeds"]) for r in rows] == [("Pre-LN", "1"), ("DeepNet", "1,2")]
+    deepnet = rows[1]
+    assert deepnet["de-en bleu"] == (11.0, pytest.approx(math.sqrt(2)))
+    assert deepnet["supervised bleu"] == (12.0, pytest.approx(math.sqrt(2)))
+    assert deepnet["zero-shot bleu"] == (3.0, pytest.approx(math.sqrt(2)))
+    assert deepnet["zero-shot on-target"] == (35.0, pytest.approx(math.sqrt(50)))
+    assert deepnet["train wall s (this stage)"] == (600.0, 0.0)
+    assert rows[0]["de-fr on-target"] == (20.0, 0.0)
+    table = (tmp_path / "results.md").read_text()
+    assert "| DeepNet | 6L-6L | 1500 | 1,2 | 11.00 ± 1.41 |" in table and "de-fr*" in table
+    summary = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert summary[1]["zero-shot on-target mean"] == "35.0"
+    assert (tmp_path / "zero_shot.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(records)
