@@ -159,8 +159,8 @@ def iwslt_work(tmp_path_factory, iwslt_raw):
 
 
 # The modules that take longest (by --durations), started first so that no worker starts one at the end
-LONGEST_FIRST = ("test_setup_pipelines", "test_setup_opus", "test_diagnostics", "test_two_nodes", "test_setup_wmt",
-                 "test_deploy", "test_checkpoints", "test_reliability_checkpoints", "test_reliability_resume")
+LONGEST_FIRST = ("test_setup_pipelines", "test_setup_opus", "test_diagnostics", "test_two_nodes", "test_reliability_faults",
+                 "test_setup_wmt", "test_deploy", "test_checkpoints", "test_reliability_checkpoints", "test_reliability_resume")
 
 
 def pytest_collection_modifyitems(items):

@@ -39,7 +39,7 @@ POSTLN_ARCHS = {"": "transformer", "iwslt_de_en": "transformer_iwslt_de_en", "wm
                 "m2m_102": "transformer_vaswani_wmt_en_de_big"}
 
 
-PREEMPTED_EXIT_STATUS = 75  # deepnet_fairseq.training.preemption.PREEMPTED_EXIT_STATUS (this front end imports no fairseq)
+PREEMPTED_EXIT_STATUS = 75  # = training.preemption.PREEMPTED_EXIT_STATUS (this front end imports no fairseq)
 PREEMPTED_MARKER = f"exiting with status {PREEMPTED_EXIT_STATUS}"  # fairseq-train's one line (train_loop.py)
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 

@@ -5,11 +5,12 @@ non-finite or out-of-bound loss (the criterion then makes the update's gradient 
 rank sees it after the gradient all-reduce), a non-finite gradient norm (``check_gradient``, right
 after fairseq's all-reduce and clipping, before fairseq's own ``FloatingPointError``, whose NaN
 detector re-runs the batch and writes ``crash.pt``), one over ``--divergence-grad-bound`` (the
-guard's optimizer pre-hook), and the fp16 loss scale at its minimum (the guard's loss-scaler hook). So the model and optimizer in memory are still the last good
-state (the previous update's). ``recover`` drops the gradient, skips the batch (the data iterator
-has moved past it), optionally multiplies the learning rate by ``--divergence-rollback-lr-factor``
-from then on, logs one line with the update and the sublayer the guard named, and training goes on
-with the next batch as the same update number. After ``N`` rollbacks in one process, the next
+guard's optimizer pre-hook), and the fp16 loss scale at its minimum (the guard's loss-scaler hook).
+So the model and optimizer in memory are still the last good state (the previous update's).
+``recover`` drops the gradient, skips the batch (the data iterator has moved past it), optionally
+multiplies the learning rate by ``--divergence-rollback-lr-factor`` from then on, logs one line with
+the update and the sublayer the guard named, and training goes on with the next batch as the same
+update number. After ``N`` rollbacks in one process, the next
 divergence stops training with the guard's error, as without rollback.
 
 Exact resume after a rollback: the skipped batch is consumed in the data iterator's position, and the
