@@ -47,8 +47,8 @@ VARIANTS = {
     "decoder_beta1": ("decoder beta 1", "deepnet_transformer_iwslt_de_en", ["--deepnorm-decoder-beta", "1"]),
     "cross_attn_last": ("last layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
                         ["--deepnorm-gains", "decoder_cross_attn[-1]=1"]),
-    "source": ("--deepnorm-init source (first layer's cross-attn at gain 1)", "deepnet_transformer_iwslt_de_en",
-               ["--deepnorm-init", "source"]),
+    "cross_attn_first": ("first layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
+                         ["--deepnorm-gains", "decoder_cross_attn[0]=1"]),
 }
 SOURCE_CELL = dict(depth=18, lr=2e-3, warmup=100, updates=400, probe_every=50)
 SOURCE_MARKS = (50, 100, 200, 400)

@@ -69,7 +69,8 @@ class DeepNetConfig(TransformerConfig):
         metadata={"help": "ablation: Xavier gains instead of beta for the value/output or FFN weights of sublayer "
                           "groups, comma-separated GROUP=GAIN (every layer) or GROUP[i]=GAIN (layer i, -1 = last), "
                           "GROUP one of encoder_self_attn, encoder_ffn, decoder_self_attn, decoder_cross_attn, "
-                          "decoder_ffn; e.g. decoder_cross_attn[0]=1"},
+                          "decoder_ffn (default beta) or an attention's query/key, encoder_self_attn_qk, "
+                          "decoder_self_attn_qk, decoder_cross_attn_qk (default 1); e.g. decoder_cross_attn[-1]=1"},
     )
 
     def deepnorm(self) -> DeepNormConstants:
@@ -90,16 +91,17 @@ class DeepNetConfig(TransformerConfig):
         stack = group.split("_")[0]
         init = str(getattr(self, "deepnorm_init", "paper"))
         gains = parse_gains(",".join(filter(None, [GAINS_OF_INIT[init], getattr(self, "deepnorm_gains", None)])))
-        return sublayer_gain(gains, group, layer, getattr(self, stack).layers, getattr(self.deepnorm(), f"{stack}_beta"))
+        default = 1.0 if group.endswith("_qk") else getattr(self.deepnorm(), f"{stack}_beta")  # query/key: gain 1
+        return sublayer_gain(gains, group, layer, getattr(self, stack).layers, default)
 
 
-def deepnorm_init_(attentions, ffn_linears, beta):
+def deepnorm_init_(attentions, ffn_linears, beta, qk_gain=1.0):
     """The paper's init: xavier_normal_ with gain beta for FFN and value/output, gain 1 for query/key."""
     for attn in attentions:
         if attn is None:
             continue
-        nn.init.xavier_normal_(attn.q_proj.weight, gain=1.0)
-        nn.init.xavier_normal_(attn.k_proj.weight, gain=1.0)
+        nn.init.xavier_normal_(attn.q_proj.weight, gain=qk_gain)
+        nn.init.xavier_normal_(attn.k_proj.weight, gain=qk_gain)
         nn.init.xavier_normal_(attn.v_proj.weight, gain=beta)
         nn.init.xavier_normal_(attn.out_proj.weight, gain=beta)
     for linear in ffn_linears:
@@ -107,7 +109,7 @@ def deepnorm_init_(attentions, ffn_linears, beta):
 
 
 @torch.no_grad()
-def torchscale_init_(attentions, ffn_linears, beta):
+def torchscale_init_(attentions, ffn_linears, beta, qk_gain=1.0):
     """torchscale 0.3.0's init: PyTorch's default Linear init (weights and biases U(+-1/sqrt(fan_in))) for
     every projection, then value/output and FFN weights and biases times beta; query/key stay unscaled."""
     scaled = list(ffn_linears)
@@ -116,6 +118,8 @@ def torchscale_init_(attentions, ffn_linears, beta):
             continue
         attn.q_proj.reset_parameters()
         attn.k_proj.reset_parameters()
+        attn.q_proj.weight.mul_(qk_gain)
+        attn.k_proj.weight.mul_(qk_gain)
         scaled += [attn.v_proj, attn.out_proj]
     for linear in scaled:
         linear.reset_parameters()
@@ -131,7 +135,8 @@ class DeepNormEncoderLayer(TransformerEncoderLayerBase):
         super().__init__(cfg, return_fc=return_fc)
         self.register_buffer("deepnorm_alpha", torch.tensor(cfg.deepnorm().encoder_alpha))
         init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
-        init_([self.self_attn], [], cfg.init_gain("encoder_self_attn", layer_index))
+        init_([self.self_attn], [], cfg.init_gain("encoder_self_attn", layer_index),
+              cfg.init_gain("encoder_self_attn_qk", layer_index))
         init_([], [self.fc1, self.fc2], cfg.init_gain("encoder_ffn", layer_index))
 
     def residual_connection(self, x, residual):
@@ -143,8 +148,10 @@ class DeepNormDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         self.register_buffer("deepnorm_alpha", torch.tensor(cfg.deepnorm().decoder_alpha))
         init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
-        init_([self.self_attn], [], cfg.init_gain("decoder_self_attn", layer_index))
-        init_([self.encoder_attn], [], cfg.init_gain("decoder_cross_attn", layer_index))
+        init_([self.self_attn], [], cfg.init_gain("decoder_self_attn", layer_index),
+              cfg.init_gain("decoder_self_attn_qk", layer_index))
+        init_([self.encoder_attn], [], cfg.init_gain("decoder_cross_attn", layer_index),
+              cfg.init_gain("decoder_cross_attn_qk", layer_index))
         init_([], [self.fc1, self.fc2], cfg.init_gain("decoder_ffn", layer_index))
 
     def residual_connection(self, x, residual):

@@ -64,6 +64,8 @@ ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15, "source": 0.8
 
 # The sublayer groups whose value/output (attention) or fc1/fc2 (FFN) weights the init scales by beta.
 SUBLAYER_GROUPS = ("encoder_self_attn", "encoder_ffn", "decoder_self_attn", "decoder_cross_attn", "decoder_ffn")
+# and the query/key projections of each attention group, which the init leaves at gain 1
+SUBLAYER_GROUPS += tuple(f"{group}_qk" for group in SUBLAYER_GROUPS if group.endswith("_attn"))
 # What each init sets apart from beta, spelt as --deepnorm-gains takes it.
 GAINS_OF_INIT = {"paper": "", "torchscale": "", "source": "decoder_cross_attn[0]=1"}
 
