@@ -47,6 +47,14 @@ def test_constants_match_the_paper(n, m):
         assert (got is None and want is None) or got == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.parametrize("n, m", [(6, 6), (18, 18), (100, 100), (4, 3)])
+def test_source_init_constants_are_the_papers_with_a_quarter_of_the_encoder_beta(n, m):
+    paper_constants, source = deepnorm_constants(n, m), deepnorm_constants(n, m, init="source")
+    assert source.encoder_beta == pytest.approx(paper(n, m)[1] / 4)
+    assert (source.encoder_alpha, source.decoder_alpha, source.decoder_beta) == (
+        paper_constants.encoder_alpha, paper_constants.decoder_alpha, paper_constants.decoder_beta)
+
+
 def test_known_values():
     # 18L-18L from the paper's setting: alpha_enc = 0.81*(18^5)^(1/16)
     c = deepnorm_constants(18, 18)
@@ -123,7 +131,8 @@ def test_initialisation_std_matches_beta():
 
 
 @pytest.mark.parametrize("extra, changed", [
-    (("--deepnorm-init", "source"), {"decoder.layers.0.encoder_attn.v_proj", "decoder.layers.0.encoder_attn.out_proj"}),
+    (("--deepnorm-init", "source", "--deepnorm-encoder-beta", 0.87 * (2**4 * 3) ** (-1 / 16)),
+     {"decoder.layers.2.encoder_attn.v_proj", "decoder.layers.2.encoder_attn.out_proj"}),
     (("--deepnorm-gains", "decoder_ffn[-1]=1,encoder_self_attn[1]=1"),
      {"decoder.layers.2.fc1", "decoder.layers.2.fc2", "encoder.layers.1.self_attn.v_proj",
       "encoder.layers.1.self_attn.out_proj"}),

@@ -26,6 +26,8 @@ from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from deepnet_fairseq.models.deepnorm import deepnorm_constants
+
 if __package__:
     from . import figures, plateau, stability_map, sweep
 else:  # run as a file
@@ -34,7 +36,8 @@ else:  # run as a file
     import stability_map
     import sweep
 
-# name -> (label, arch, extra fairseq-train arguments); "postln" is the bound's reference only
+# name -> (label, arch, extra fairseq-train arguments, or a function of the depth giving them);
+# "postln" is the bound's reference only
 VARIANTS = {
     "postln": ("Post-LN (fairseq transformer)", "transformer_iwslt_de_en", []),
     "paper": ("DeepNet, paper init", "deepnet_transformer_iwslt_de_en", []),
@@ -49,9 +52,14 @@ VARIANTS = {
                         ["--deepnorm-gains", "decoder_cross_attn[-1]=1"]),
     "cross_attn_first": ("first layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
                          ["--deepnorm-gains", "decoder_cross_attn[0]=1"]),
+    "encoder_beta_quarter": ("encoder beta a quarter of the paper's", "deepnet_transformer_iwslt_de_en",
+                             lambda depth: ["--deepnorm-encoder-beta",
+                                            f"{deepnorm_constants(depth, depth).encoder_beta / 4:.6f}"]),
+    "source": ("--deepnorm-init source (both: encoder beta / 4, last layer's cross-attn at gain 1)",
+               "deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "source"]),
 }
 SOURCE_CELL = dict(depth=18, lr=2e-3, warmup=100, updates=400, probe_every=50)
-SOURCE_MARKS = (50, 100, 200, 400)
+SOURCE_MARKS = (50, 100, 200, 350)  # probed before updates 51, ..., 351: the last probe of a 400-update run
 BOUND = dict(updates=51, probe_every=5, pairs=3000)  # the probe before update 51 sees 50 updates
 
 
@@ -78,6 +86,7 @@ def parse_args(argv):
 def source_run(args, data, variant):
     """The 18L-18L map cell for ``variant``: {quantity: {update: value}}."""
     _, arch, extra = VARIANTS[variant]
+    extra = extra(SOURCE_CELL["depth"]) if callable(extra) else extra
     out = Path(args.out) / "source" / variant
     cell = Namespace(out=out, max_tokens=1000, updates=SOURCE_CELL["updates"], probe_every=SOURCE_CELL["probe_every"],
                      seed=1, extra_diag=[], extra_fairseq=extra)
@@ -92,6 +101,7 @@ def source_run(args, data, variant):
 def bound_run(args, data, variant, depth):
     """{updates taken: model update} over the first 50 updates, Fig. 5's setting."""
     _, arch, extra = VARIANTS[variant]
+    extra = extra(depth) if callable(extra) else extra
     out = Path(args.out) / "bound"
     run = figures.run_args(out, dict(BOUND), figures.PAPER_SCHEDULE["warmup"], figures.UPDATE_ONLY)
     run.extra = list(extra)
@@ -115,26 +125,30 @@ def main(argv=None):
             variants = [v for v in args.variants if v != "postln"]
             source = dict(zip(variants, pool.map(lambda v: source_run(args, data, v), variants)))
     if "source" in args.parts:
-        print(f"\n18L-18L, lr {SOURCE_CELL['lr']:g}, warm-up {SOURCE_CELL['warmup']}: src_dep (bits/token) and "
-              "cross-attention / residual at update u (probed before the update)")
-        print(f"  {'variant':62s}" + "".join(f"{'src u=' + str(u):>11}" for u in SOURCE_MARKS)
-              + f"{'xattn u=1':>11}{'xattn u=200':>12}{'valid NLL':>11}")
+        print(f"\n18L-18L, lr {SOURCE_CELL['lr']:g}, warm-up {SOURCE_CELL['warmup']}: src_dep (bits per target token) "
+              "after u updates, the decoder's cross-attention / residual at initialisation and after 200 updates, "
+              f"and the validation NLL (bits) after {SOURCE_CELL['updates']}\n")
+        print("| variant | " + " | ".join(f"src_dep u={u}" for u in SOURCE_MARKS)
+              + " | xattn u=0 | xattn u=200 | valid NLL |\n|---|" + "---|" * (len(SOURCE_MARKS) + 3))
         for v, values in source.items():
             src, xattn = values["src_dep (bits/token)"], values["cross-attention / residual"]
             nll = next(iter(values["valid NLL (bits)"].values()))
-            print(f"  {VARIANTS[v][0]:62s}" + "".join(f"{plateau.at(src, u):11.3f}" for u in SOURCE_MARKS)
-                  + f"{plateau.at(xattn, 1):11.4f}{plateau.at(xattn, 200):12.4f}{nll:11.3f}")
+            # a probe logged with update u ran before it: it measured the model after u - 1 updates
+            print(f"| {VARIANTS[v][0]} | " + " | ".join(f"{plateau.at(src, u + 1):.3f}" for u in SOURCE_MARKS)
+                  + f" | {plateau.at(xattn, 1):.4f} | {plateau.at(xattn, 201):.4f} | {nll:.3f} |")
             rows += [["source", v, SOURCE_CELL["depth"], q, u, round(x, 6)]
                      for q, series in values.items() for u, x in sorted(series.items())]
     if "bound" in args.parts:
         peak = {job: max(series.values(), default=math.nan) for job, series in bound.items()}
-        print(f"\nFig. 5 setting: largest model update in the first {BOUND['updates'] - 1} updates, and Post-LN's over it")
-        print(f"  {'variant':62s}" + "".join(f"{str(d) + 'L':>16}" for d in args.depths)
-              + f"{'growth ' + str(args.depths[0]) + 'L->' + str(args.depths[-1]) + 'L':>18}")
+        first, last = args.depths[0], args.depths[-1]
+        print(f"\nFig. 5 setting: the largest model update in the first {BOUND['updates'] - 1} updates "
+              f"(Post-LN's over it), and its growth from {first}L to {last}L\n")
+        print("| variant | " + " | ".join(f"{d}L-{d}L" for d in args.depths) + f" | {last}L / {first}L |\n|---|"
+              + "---|" * (len(args.depths) + 1))
         for v in names:
-            cells = [f"{peak[v, d]:.3f} ({figures.ratio(peak['postln', d], peak[v, d]):4.1f}x)" for d in args.depths]
-            growth = figures.ratio(peak[v, args.depths[-1]], peak[v, args.depths[0]])
-            print(f"  {VARIANTS[v][0]:62s}" + "".join(f"{c:>16}" for c in cells) + f"{growth:17.1f}x")
+            cells = [f"{peak[v, d]:.3f} ({figures.ratio(peak['postln', d], peak[v, d]):.1f}x)" for d in args.depths]
+            print(f"| {VARIANTS[v][0]} | " + " | ".join(cells)
+                  + f" | {figures.ratio(peak[v, last], peak[v, first]):.1f}x |")
             rows += [["bound", v, d, "update_norm", u, x] for d in args.depths for u, x in sorted(bound[v, d].items())]
     if args.csv:
         sweep.write_csv(Path(args.csv), ["part", "variant", "depth", "quantity", "update", "value"], rows)

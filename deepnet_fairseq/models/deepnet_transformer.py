@@ -13,8 +13,9 @@ projection (weights and biases), then the value/output/FFN weights *and biases* 
 (its encoder beta is 1.32x the paper's in an encoder-decoder model; ``deepnorm.py``). Differences and
 the forward equivalence with torchscale are in docs/torchscale.md.
 
-``--deepnorm-init source`` is the paper's init with the first decoder layer's cross-attention
-``v_proj``/``out_proj`` at gain 1, so that the decoder hears its source from the first updates; and
+``--deepnorm-init source`` is the paper's init with the encoder's beta a quarter of the paper's and the
+last decoder layer's cross-attention ``v_proj``/``out_proj`` at gain 1, so that the decoder hears its
+source within a few hundred updates while the early update stays bounded; and
 ``--deepnorm-unit-gain GROUPS`` leaves any sublayer group (or one layer of it) at gain 1, for ablations
 (``deepnorm.py``; the study is in docs/diagnostics.md).
 
@@ -61,8 +62,8 @@ class DeepNetConfig(TransformerConfig):
         default="paper",
         metadata={"help": "DeepNorm's initialisation: 'paper' (Xavier-normal gains and beta of the paper), "
                           "'torchscale' (torchscale 0.3.0's released init; docs/torchscale.md) or 'source' (the "
-                          "paper's with the first decoder layer's cross-attention at gain 1: no source-ignoring "
-                          "plateau; docs/diagnostics.md)"},
+                          "paper's with a quarter of its encoder beta and the last decoder layer's cross-attention "
+                          "at gain 1: no source-ignoring plateau; docs/diagnostics.md)"},
     )
     deepnorm_gains: Optional[str] = field(
         default=None,

@@ -14,9 +14,11 @@ alpha up-weights the residual in every sublayer, ``x <- LN(alpha * x + G(x))``; 
 Which weights get beta: the value/output projections and FFN ``fc1``/``fc2`` of the sublayer groups in
 ``SUBLAYER_GROUPS``, in every layer, except where an init (``GAINS_OF_INIT``) or the ablation option
 ``--deepnorm-gains`` gives a group, or one layer of it, another Xavier gain (``sublayer_gain``).
-``init="source"`` is the paper's init with the first decoder layer's cross-attention at gain 1: one
-sublayer, whatever the depth, so the source gets a voice at initialisation while the update bound keeps
-its shape (docs/diagnostics.md, "DeepNet without the plateau").
+``init="source"`` is the paper's init with two changes that let the decoder hear its source from the
+first few hundred updates while keeping the early update bounded (docs/diagnostics.md, "DeepNet without
+the plateau"): the encoder's beta is a quarter of the paper's (0.2175 (N^4 M)^(-1/16) in an
+encoder-decoder model), and the last decoder layer's cross-attention keeps Xavier gain 1: one sublayer,
+whatever the depth.
 
 ``init="torchscale"`` gives the betas of Microsoft's torchscale 0.3.0 (``--deepnorm-init torchscale``):
 the same formulas except the encoder of an encoder-decoder model, where torchscale divides its init by
@@ -60,14 +62,14 @@ def _check_override(value, option: str) -> Optional[float]:
 
 # The encoder-decoder encoder beta's coefficient, by initialisation (--deepnorm-init); torchscale 0.3.0's
 # torchscale/architecture/encoder.py: init_scale = (N^4 M)^(1/16) / 1.15, weights divided by it.
-ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15, "source": 0.87}
+ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15, "source": 0.87 / 4}
 
 # The sublayer groups whose value/output (attention) or fc1/fc2 (FFN) weights the init scales by beta.
 SUBLAYER_GROUPS = ("encoder_self_attn", "encoder_ffn", "decoder_self_attn", "decoder_cross_attn", "decoder_ffn")
 # and the query/key projections of each attention group, which the init leaves at gain 1
 SUBLAYER_GROUPS += tuple(f"{group}_qk" for group in SUBLAYER_GROUPS if group.endswith("_attn"))
 # What each init sets apart from beta, spelt as --deepnorm-gains takes it.
-GAINS_OF_INIT = {"paper": "", "torchscale": "", "source": "decoder_cross_attn[0]=1"}
+GAINS_OF_INIT = {"paper": "", "torchscale": "", "source": "decoder_cross_attn[-1]=1"}
 
 
 def parse_gains(spec: Optional[str]) -> dict:
