@@ -253,7 +253,12 @@ def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bi
         proc.send_signal(signal.SIGTERM)
     assert run.wait() == [PREEMPTED_EXIT_STATUS] * 2, run.text()[-3000:]
     second = assert_as_uninterrupted(run.text(), reference, first + 1)
-    assert f"SIGTERM received: all 2 ranks stop after update {second}" in preempted_line(run.text())
+    # Rank 0 names the signal if its own handler ran before it read the flag for the ranks' agreement; when the
+    # SIGTERM lands while rank 0 waits in that all-reduce (rank 1 already flagged), its handler runs only after,
+    # and rank 0 reports the other rank's signal. Either way both ranks caught SIGTERM (status 75, not -15).
+    line = preempted_line(run.text())
+    assert any(f"{what}: all 2 ranks stop after update {second}" in line
+               for what in ("SIGTERM received", "a signal reached another rank")), line
     assert updates_in(last) == second
 
     # 3. kill -9 of rank 1 after the next interval save: rank 0 names it within the lost-rank timeout

@@ -14,8 +14,9 @@ from deepnet_fairseq.synthetic import write_reverse_map_task
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """6L-6L DeepNet, paper init and source init, 60 updates on the package's reverse-and-map task (the target
-    is unpredictable without the source), src_dep probed every 10 updates. Returns the work folder (raw/,
+    """6L-6L DeepNet, paper init and source init, 50 updates on the package's reverse-and-map task (the target
+    is unpredictable without the source), src_dep probed every 10 updates (at update 50: source init 0.90 bits,
+    paper init 0.44; at 40 the gap, 0.14, is still below the test's 0.2). Returns the work folder (raw/,
     bin/, source/checkpoint_last.pt) and {init: {update: src_dep}}."""
     work = tmp_path_factory.mktemp("source_init")
     write_reverse_map_task(work / "raw", train=2000, valid=100, test=120)
@@ -29,7 +30,7 @@ def trained(tmp_path_factory):
                "--decoder-layers", "6", *TINY_MODEL, "--dropout", "0.1", "--optimizer", "adam",
                "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20",
                "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-               "--diag-source-dependence-interval", "10", "--max-tokens", "1500", "--max-update", "60",
+               "--diag-source-dependence-interval", "10", "--max-tokens", "1500", "--max-update", "50",
                *(["--no-epoch-checkpoints"] if init == "source" else ["--no-save"]), "--save-dir", work / init, "--log-format", "json", "--log-interval", "10", "--num-workers", "0"]
         procs[init] = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -66,5 +67,5 @@ def test_source_init_model_exports_exactly(trained, tmp_path):
     export_to(checkpoint, "ctranslate2", tmp_path / "ct2")
     assert translate.main([str(tmp_path / "ct2"), "--max-len-b", str(MAX_LEN), "--input", str(work / "raw" / "valid.src"),
                            "--output", str(tmp_path / "valid.tgt")]) == 0
-    expected = fairseq_generate_valid(work / "bin", checkpoint)
+    expected = fairseq_generate_valid(work / "bin", checkpoint, tmp_path / "generate")
     assert tp.read_lines(tmp_path / "valid.tgt") == expected and len(set(expected)) > 50
