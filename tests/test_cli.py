@@ -22,8 +22,8 @@ def test_training_logs_deepnorm_and_loss_goes_down(deepnet_run):
     save, log = deepnet_run
     assert "DeepNorm: encoder alpha=1.4179 beta=0.4970, decoder alpha=2.0598 beta=0.3433" in log
     losses = train_losses(log)
-    assert sorted(losses) == [10, 20, 30, 40, 50, 60]
-    assert losses[60] < losses[10] - 2.0, losses  # about 13 -> 8 bits on this slice
+    assert sorted(losses) == [10, 20, 30, 40]
+    assert losses[40] < losses[10] - 2.0, losses  # about 13.8 -> 9.6 bits on this slice
     assert (save / "checkpoint_last.pt").exists()
 
 
@@ -45,7 +45,7 @@ def test_generate_interactive_hub_and_sacrebleu_agree(deepnet_run, multi30k_bin,
     bleu = sacrebleu.corpus_bleu([hyps[i] for i in ids], [[refs[i] for i in ids]])
     assert 0.0 <= bleu.score <= 100.0 and bleu.sys_len > 0
     # the model has learnt something: its output shares words with the references
-    assert bleu.precisions[0] > 15.0, bleu
+    assert bleu.precisions[0] > 15.0, bleu  # 17.7 after 40 updates (16.2 after 60)
 
     # fairseq-interactive on the same (tokenised) source gives the same translation
     first = [srcs[i] for i in ids[:3]]

@@ -19,7 +19,6 @@ The multilingual export is tested on the OPUS-100 pipeline's model (test_setup_o
 import json
 import logging
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -382,14 +381,21 @@ def translator_dir(setup, tmp_path_factory):
     return export_to(setup["checkpoint"], "ctranslate2", tmp_path_factory.mktemp("translator") / "ct2")
 
 
-def translate_bytes(model_dir, data, *options):
-    """The translate CLI with ``data`` (bytes) on stdin: (returncode, stdout lines, stderr)."""
-    proc = subprocess.run([BIN / "python", "-m", "deepnet_fairseq.translate", model_dir, *options], input=data,
-                          capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return proc.returncode, proc.stdout.decode("utf-8").split("\n")[:-1], proc.stderr.decode("utf-8")
+def translate_bytes(model_dir, data, folder, capsys):
+    """The translate command's ``main`` with ``data`` (bytes) as its input file, in this process (the stdin/stdout
+    process is test_ctranslate2_directory_translates_raw_text_end_to_end; both read the bytes the same way):
+    (returncode, output lines, stderr)."""
+    from deepnet_fairseq import translate
+
+    (folder / "input.de").write_bytes(data)
+    capsys.readouterr()
+    code = translate.main([str(model_dir), "--input", str(folder / "input.de"), "--output", str(folder / "output.en")])
+    err = capsys.readouterr().err
+    out = (folder / "output.en").read_bytes().decode("utf-8").split("\n")[:-1] if code == 0 else []
+    return code, out, err
 
 
-def test_translator_keeps_every_line_through_bad_input(setup, translator_dir):
+def test_translator_keeps_every_line_through_bad_input(setup, translator_dir, tmp_path, capsys):
     """Invalid UTF-8, a 3,000-word line (the model has 1,024 source positions), empty and blank lines, and no
     newline at the end: one output line per input line, one warning naming each bad line, and every
     good line translated as it is alone."""
@@ -400,7 +406,7 @@ def test_translator_keeps_every_line_through_bad_input(setup, translator_dir):
     long_line = " ".join((words * (3000 // len(words) + 1))[:3000])  # 3,000 words
     lines = [good[0].encode(), good[1].encode()[:5] + b"\xff\xfe caf\xe9 " + good[1].encode()[5:], b"",
              long_line.encode(), b"  \t ", good[2].encode(), good[3].encode()]
-    code, out, err = translate_bytes(translator_dir, b"\n".join(lines))  # no newline after the last line
+    code, out, err = translate_bytes(translator_dir, b"\n".join(lines), tmp_path, capsys)  # no newline at the end
     assert code == 0, err
     assert len(out) == len(lines)
     warnings = [line for line in err.splitlines() if line.startswith("[translate] warning")]
