@@ -81,6 +81,7 @@ def _validate_and_save(validate_and_save):
         if _agree(trainer, False, _SaveRecord.failure is not None)[1]:
             _stop_after_failed_save(trainer)
         if distributed_utils.is_master(cfg.distributed_training):
+            received = preemption.request.received  # a signal may have arrived during the all-reduce
             what = f"{received} received" if received else "a signal reached another rank"
             last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
             logger.warning(f"{what}: all {trainer.data_parallel_world_size} ranks stop after update {updates}, "
