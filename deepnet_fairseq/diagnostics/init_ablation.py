@@ -148,7 +148,7 @@ def main(argv=None):
         for v in names:
             cells = [f"{peak[v, d]:.3f} ({figures.ratio(peak['postln', d], peak[v, d]):.1f}x)" for d in args.depths]
             print(f"| {VARIANTS[v][0]} | " + " | ".join(cells)
-                  + f" | {figures.ratio(peak[v, last], peak[v, first]):.1f}x |")
+                  + f" | {figures.ratio(peak[v, last], peak[v, first]):.2f}x |")
             rows += [["bound", v, d, "update_norm", u, x] for d in args.depths for u, x in sorted(bound[v, d].items())]
     if args.csv:
         sweep.write_csv(Path(args.csv), ["part", "variant", "depth", "quantity", "update", "value"], rows)
