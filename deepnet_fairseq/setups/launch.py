@@ -249,9 +249,12 @@ class TrainLogStats:
         return blown or (returncode != 0 and self.divergence_message)
 
 
-def deepnorm_record(arch, layers):
+def deepnorm_record(arch, layers, extra_args=()):
+    """The DeepNorm constants the run trains with (``--deepnorm-init`` in train.extra_args chooses the betas)."""
     if arch != "deepnet":
         return None
+    extra = [str(a) for a in extra_args]
+    init = extra[extra.index("--deepnorm-init") + 1] if "--deepnorm-init" in extra[:-1] else "paper"
     from dataclasses import asdict
 
     # models/deepnorm.py (the formulas' one home) is plain Python; loaded by its path, it comes without
@@ -259,7 +262,7 @@ def deepnorm_record(arch, layers):
     spec = importlib.util.spec_from_file_location("deepnorm_formulas", PACKAGE_DIR / "models" / "deepnorm.py")
     deepnorm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(deepnorm)
-    return asdict(deepnorm.deepnorm_constants(*layers))
+    return asdict(deepnorm.deepnorm_constants(*layers, init=init))
 
 
 def append_record(path, record):
@@ -397,7 +400,7 @@ def main(argv=None):
         returncode = run(cmds[0], log, env, log_stats.feed, forward_as=signal.SIGTERM if torchrun else None)
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
-                  "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers),
+                  "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers, cfg["train"]["extra_args"]),
                   "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
                   "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,
