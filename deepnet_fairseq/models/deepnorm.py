@@ -96,7 +96,8 @@ def parse_gains(spec: Optional[str]) -> dict:
 
 def sublayer_gain(gains: dict, group: str, layer: int, num_layers: int, beta: float) -> float:
     """The Xavier gain of ``group``'s scaled weights in layer ``layer`` (0-based, of ``num_layers``)."""
-    own = [g for (name, index), g in gains.items() if name == group and index is not None and index % num_layers == layer]
+    own = [g for (name, index), g in gains.items()
+           if name == group and index is not None and index % num_layers == layer]
     return own[-1] if own else gains.get((group, None), beta)
 
 
