@@ -16,7 +16,7 @@ the forward equivalence with torchscale are in docs/torchscale.md.
 ``--deepnorm-init source`` is the paper's init with the encoder's beta a quarter of the paper's and the
 last decoder layer's cross-attention ``v_proj``/``out_proj`` at gain 1, so that the decoder hears its
 source within a few hundred updates while the early update stays bounded; and
-``--deepnorm-unit-gain GROUPS`` leaves any sublayer group (or one layer of it) at gain 1, for ablations
+``--deepnorm-gains GROUP[i]=GAIN,...`` sets any sublayer group's (or one layer's) gain, for ablations
 (``deepnorm.py``; the study is in docs/diagnostics.md).
 
 Each layer keeps its alpha as a (persistent) buffer: checkpoints record the constants they were

@@ -81,16 +81,16 @@ def parse_gains(spec: Optional[str]) -> dict:
     gains = {}
     for item in filter(None, (part.strip() for part in (spec or "").split(","))):
         target, _, value = item.partition("=")
-        group, _, index = target.partition("[")
+        group, bracket, index = target.partition("[")
+        index_ok = not bracket or (index.endswith("]") and index[:-1].lstrip("-").isdigit())
         try:
             gain = float(value)
-            layer = int(index[:-1]) if index.endswith("]") else None if not index else int("x")
         except ValueError:
-            gain = layer = None
-        if group not in SUBLAYER_GROUPS or gain is None or not 0 < gain < float("inf"):
+            gain = None
+        if group not in SUBLAYER_GROUPS or not index_ok or gain is None or not 0 < gain < float("inf"):
             raise ValueError(f"--deepnorm-gains: {item!r} is not GROUP=GAIN or GROUP[i]=GAIN with a gain > 0 and "
                              f"GROUP one of {', '.join(SUBLAYER_GROUPS)}")
-        gains[group, layer] = gain
+        gains[group, int(index[:-1]) if bracket else None] = gain
     return gains
 
 
