@@ -40,7 +40,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from deepnet_fairseq import export  # noqa: E402
 from deepnet_fairseq import textprep as tp  # noqa: E402
-from deepnet_fairseq.setups.average import average_checkpoints, last_checkpoints  # noqa: E402
+from deepnet_fairseq.average import average_checkpoints, last_checkpoints  # noqa: E402
 from deepnet_fairseq.setups.config import load  # noqa: E402
 from deepnet_fairseq.setups.evaluate import (  # noqa: E402
     bleu, fairseq_generate_batches, generate, generate_here, multilingual_test_directions)

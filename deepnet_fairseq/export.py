@@ -70,7 +70,7 @@ def read_checkpoint(path, average_last=None):
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
 
-    from deepnet_fairseq.setups.average import average_checkpoints, last_checkpoints
+    from deepnet_fairseq.average import average_checkpoints, last_checkpoints
 
     path = Path(path)
     if not path.exists():

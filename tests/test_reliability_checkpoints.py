@@ -161,7 +161,7 @@ def test_checkpoints_and_distributed_broadcasts_need_only_allow_listed_globals(r
 def test_averaged_checkpoint_is_the_mean_and_loads_weights_only(runs, tmp_path):
     from fairseq import checkpoint_utils
 
-    from deepnet_fairseq.setups.average import average_checkpoints
+    from deepnet_fairseq.average import average_checkpoints
 
     paths = [runs["single"] / "checkpoint_1_2.pt", runs["single"] / "checkpoint_1_4.pt"]
     out = average_checkpoints(paths, tmp_path / "averaged.pt")
@@ -174,7 +174,7 @@ def test_averaged_checkpoint_is_the_mean_and_loads_weights_only(runs, tmp_path):
 
 
 def test_averaging_a_truncated_checkpoint_names_the_file(runs, tmp_path):
-    from deepnet_fairseq.setups.average import average_checkpoints
+    from deepnet_fairseq.average import average_checkpoints
 
     bad = tmp_path / "checkpoint_1_4.pt"
     bad.write_bytes((runs["single"] / "checkpoint_1_4.pt").read_bytes()[:4096])

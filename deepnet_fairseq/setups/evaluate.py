@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import textprep as tp
 from . import langid
-from .average import average_checkpoints, last_checkpoints
+from ..average import average_checkpoints, last_checkpoints
 from .config import ConfigError, load
 from .launch import BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers, run_dir
 

@@ -2,7 +2,7 @@
 does; that script is not installed with fairseq). Checkpoints are read with torch's weights-only
 loader after ``deepnet_fairseq`` has allow-listed fairseq's checkpoint classes for torch's weights-only loading.
 
-    python -m deepnet_fairseq.setups.average CHECKPOINT_DIR --last K --output averaged.pt
+    python -m deepnet_fairseq.average CHECKPOINT_DIR --last K --output averaged.pt
 """
 
 import argparse
