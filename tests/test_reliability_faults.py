@@ -6,8 +6,11 @@ compared with an uninterrupted run's, update by update, and the final parameters
 - a full disk while fairseq copies a checkpoint to ``checkpoint_last.pt``: one line, the previous
   ``checkpoint_last.pt`` intact, no partial file, and the rerun resumes exactly;
 - ``kill -9`` of one of two gloo processes: the other names it and exits within the lost-rank timeout;
-- a NaN in one sublayer's output (``--divergence-rollback``): the update is skipped from the last good
-  state, logged with the sublayer, and past the bound training stops with the guard's error.
+- a NaN in one sublayer's output and a loss spike (``--divergence-rollback``, ``--divergence-loss-spike``):
+  the update is skipped from the last good state, logged with the sublayer, and past the bound training
+  stops with the guard's error;
+- fp16's gradient overflowing at the minimum loss scale (``--divergence-fp16-fallback bf16``): the run
+  goes on in bf16, and the same command resumes in bf16.
 
 2L-2L DeepNet d64, dropout 0, 400 real Multi30k pairs (8 updates per epoch), json log every update.
 One process runs ``--update-freq 2``, two processes one batch each: the same updates, bitwise
@@ -15,6 +18,7 @@ One process runs ``--update-freq 2``, two processes one batch each: the same upd
 """
 
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -27,13 +31,14 @@ from test_reliability_resume import losses, train_env
 
 from deepnet_fairseq.training import verify_checkpoint
 from deepnet_fairseq.training.preemption import PREEMPTED_EXIT_STATUS
+from deepnet_fairseq.training.rollback import LOSS_AVERAGE_KEY, PRECISION_KEY
 
 MAX_UPDATE = 40
 SAVE_EVERY = 6
 LOST_RANK_TIMEOUT = 10  # seconds; the default is 60
 
 FAULT_SHIM = textwrap.dedent('''
-    """Test-only plugin wrapper: a full disk from a chosen update on; a NaN in one module at chosen updates."""
+    """Test-only plugin wrapper: a full disk from a chosen update on; a fault in one module at chosen updates."""
     import builtins, errno, os
     import deepnet_fairseq  # noqa: F401  the plugin itself
     from deepnet_fairseq.criterions.diagnostic_label_smoothed_cross_entropy import _current_update as _update
@@ -69,22 +74,38 @@ FAULT_SHIM = textwrap.dedent('''
 
         builtins.open = open
 
-    # "<update>:<attempts>,...": that update's first <attempts> tries (a rollback retries it) see a NaN
-    _nan_at = {int(u): int(n) for u, n in (item.split(":") for item in os.environ.get("NAN_AT", "").split(",") if item)}
-    if _nan_at:
+    # "<kind>@<module>@<update>:<tries>,...": that update's first <tries> tries (a rollback retries it) meet
+    # the fault in the module's output: nan (a NaN), spike (x30: a finite loss spike), gradinf (its gradient inf)
+    _left = {}
+    for _item in filter(None, os.environ.get("FAULTS", "").split(",")):
+        _kind, _module, _when = _item.split("@")
+        _left[(_kind, _module, int(_when.split(":")[0]))] = int(_when.split(":")[1])
+    if _left:
         from fairseq.trainer import Trainer
 
-        _train_step, _state = Trainer.train_step, {"armed": False, "hooked": False}
+        _train_step, _armed = Trainer.train_step, set()
+
+        def _fault(kind, name):
+            def hook(module, inputs, out):
+                if (kind, name) not in _armed:
+                    return out
+                if kind == "gradinf":
+                    out.register_hook(lambda grad: grad * float("inf"))
+                    return out
+                return out * (float("nan") if kind == "nan" else 30.0)
+            return hook
 
         def train_step(self, samples, raise_oom=False):
-            if not _state["hooked"]:
-                module = self.get_model().get_submodule(os.environ["NAN_MODULE"])
-                module.register_forward_hook(lambda m, i, out: out * float("nan") if _state["armed"] else out)
-                _state["hooked"] = True
+            if not getattr(self, "_faults_hooked", False):
+                for kind, name in {(k, m) for k, m, _ in _left}:
+                    self.get_model().get_submodule(name).register_forward_hook(_fault(kind, name))
+                self._faults_hooked = True
             update = self.get_num_updates() + 1
-            _state["armed"] = _nan_at.get(update, 0) > 0
-            if _state["armed"]:
-                _nan_at[update] -= 1
+            _armed.clear()
+            for (kind, name, at), tries in _left.items():
+                if at == update and tries > 0:
+                    _armed.add((kind, name))
+                    _left[(kind, name, at)] = tries - 1
             return _train_step(self, samples, raise_oom)
 
         Trainer.train_step = train_step
@@ -104,7 +125,8 @@ def train_cmd(data, save_dir, user_dir, *extra):
             "--arch", "deepnet_transformer", "--encoder-layers", "2", "--decoder-layers", "2", *TINY_MODEL,
             "--seed", "3", "--max-tokens", "500", "--dropout", "0",
             "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--cpu",
+            "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--cpu",
+            "--divergence-guard", "--divergence-loss-spike", "3",  # its loss average must resume exactly too
             "--max-update", str(MAX_UPDATE), "--save-interval-updates", str(SAVE_EVERY), "--save-interval", "1000",
             "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0",
             "--log-format", "json", "--log-interval", "1", "--save-dir", save_dir, *extra]
@@ -175,8 +197,11 @@ def assert_as_uninterrupted(text, reference, first, last=None):
 
 
 def assert_same_parameters(path, reference):
-    got, want = torch.load(path)["model"], torch.load(reference[2])["model"]
-    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    got, want = torch.load(path), torch.load(reference[2])
+    assert got["model"].keys() == want["model"].keys() and all(torch.equal(got["model"][k], want["model"][k])
+                                                               for k in want["model"])
+    average = [c["last_optimizer_state"]["param_groups"][0][LOSS_AVERAGE_KEY] for c in (got, want)]
+    assert average[0] == average[1] and 1 < average[0] < 20, average  # --divergence-loss-spike's reference
 
 
 def updates_in(path):
@@ -286,27 +311,29 @@ def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bi
     assert_same_parameters(last, reference)
 
 
-def test_rollback_skips_a_nan_update_and_stops_past_the_bound(multi30k_small_bin, fault_shim, reference, tmp_path):
-    """A NaN in encoder layer 1's FFN output at update 5 (once) and at update 9 (three tries in a row),
-    with two rollbacks allowed, each halving the learning rate."""
+def test_rollback_skips_a_nan_update_and_a_loss_spike_and_stops_past_the_bound(multi30k_small_bin, fault_shim,
+                                                                                reference, tmp_path):
+    """A NaN in encoder layer 1's FFN output at update 5 (once), and the logits x30 at update 9 (a finite loss
+    spike, three tries in a row), with two rollbacks allowed, each halving the learning rate."""
     save = tmp_path / "save"
-    run = Run(tmp_path, "nan", [one_process(multi30k_small_bin, save, fault_shim,
-                                            "--criterion", "diagnostic_label_smoothed_cross_entropy",
-                                            "--divergence-guard", "--divergence-rollback", "2",
+    run = Run(tmp_path, "nan", [one_process(multi30k_small_bin, save, fault_shim, "--divergence-rollback", "2",
                                             "--divergence-rollback-lr-factor", "0.5")],
-              NAN_AT="5:1,9:3", NAN_MODULE="encoder.layers.1.fc2")
+              FAULTS="nan@encoder.layers.1.fc2@5:1,spike@decoder.output_projection@9:3")
     assert run.wait() == [1]
     text = run.text()
     rollbacks = [line.split(" | ")[-1] for line in text.splitlines() if "divergence rollback" in line]
-    where = "loss nan per token (non-finite); first non-finite output in sublayer enc1_ffn"
-    assert rollbacks == [
-        f"divergence rollback 1/2: update 5: {where}; model and optimizer stay at update 4, batch skipped, "
-        "learning rate x0.5 from now on",
-        f"divergence rollback 2/2: update 9: {where}; model and optimizer stay at update 8, batch skipped, "
-        "learning rate x0.25 from now on"]
-    assert text.strip().splitlines()[-1] == (
-        f"deepnet_fairseq.diagnostics.monitors.DivergenceError: training diverged at update 9: {where}; rolled back "
-        "2 times already (--divergence-rollback). The last saved checkpoint is untouched.")
+    nan = "loss nan per token (non-finite); first non-finite output in sublayer enc1_ffn"
+    spike = (r"loss ([\d.e+]+) per token > 3 x its running average ([\d.e+]+) \(--divergence-loss-spike\); "
+             r"largest gradient in sublayer \w+ \([\d.e+]+\)")
+    assert len(rollbacks) == 2, text[-3000:]
+    assert rollbacks[0] == (f"divergence rollback 1/2: update 5: {nan}; model and optimizer stay at update 4, "
+                            "batch skipped, learning rate x0.5 from now on")
+    found = re.fullmatch(f"divergence rollback 2/2: update 9: {spike}; model and optimizer stay at update 8, "
+                         r"batch skipped, learning rate x0.25 from now on", rollbacks[1])
+    assert found and float(found[1]) > 3 * float(found[2]), rollbacks[1]
+    assert re.fullmatch(r"deepnet_fairseq\.diagnostics\.monitors\.DivergenceError: training diverged at update 9: "
+                        f"{spike}; rolled back 2 times already \\(--divergence-rollback\\). "
+                        r"The last saved checkpoint is untouched\.", text.strip().splitlines()[-1]), text[-1000:]
     # updates 1-4 as the uninterrupted run; 5-8 trained on the next batches at half the learning rate
     got, lr = losses(text), logged(text, "lr")
     assert sorted(got) == list(range(1, 9))
@@ -316,6 +343,40 @@ def test_rollback_skips_a_nan_update_and_stops_past_the_bound(multi30k_small_bin
     verify_checkpoint(save / "checkpoint_last.pt")
     assert updates_in(save / "checkpoint_last.pt") == SAVE_EVERY
     assert not (save / "crash.pt").exists()  # fairseq's NaN path (crash.pt, NaN detector re-run) not taken
+
+
+def test_fp16_at_the_minimum_loss_scale_falls_back_to_bf16_and_resumes_in_bf16(multi30k_small_bin, fault_shim,
+                                                                              tmp_path):
+    """fp16 on CPU (fairseq needs --fp16-no-flatten-grads there, and a first overflow that is already at the
+    minimum scale: its non-fatal overflow path calls .cuda()): an infinite gradient in decoder layer 0's FFN
+    at update 5. With --divergence-fp16-fallback bf16 the run goes on in bf16; the same command resumes in bf16."""
+    fp16 = ["--fp16", "--fp16-no-flatten-grads", "--fp16-init-scale", "1", "--min-loss-scale", "1",
+            "--divergence-fp16-fallback", "bf16"]
+    save = tmp_path / "save"
+    runs = [Run(tmp_path, "fallback", [one_process(multi30k_small_bin, save, fault_shim, *fp16, "--max-update", "12")],
+                FAULTS="gradinf@decoder.layers.0.fc2@5:1"),
+            Run(tmp_path, "fp16", [one_process(multi30k_small_bin, tmp_path / "fp16", fault_shim, *fp16,
+                                               "--max-update", "12")])]
+    assert [run.wait() for run in runs] == [[0], [0]], runs[0].text()[-3000:]
+    text, fp16_only = runs[0].text(), losses(runs[1].text())
+    line = [line.split(" | ")[-1] for line in text.splitlines() if "fp16 fall-back" in line]
+    assert line == ["fp16 fall-back: update 5: the fp16 gradient still overflows at the minimum loss scale "
+                    "(--min-loss-scale 1), non-finite gradient in 7 of 10 sublayers, starting at sublayer dec0_ffn; "
+                    "model and optimizer stay at update 4, batch skipped; training goes on in bf16 "
+                    "(--divergence-fp16-fallback)"], text[-3000:]
+    got, scale = losses(text), logged(text, "loss_scale")
+    assert sorted(got) == list(range(1, 13))
+    assert {u: got[u] for u in range(1, 5)} == {u: fp16_only[u] for u in range(1, 5)}
+    # then bf16 on the next batches, one behind: within 3% of the fp16 run's losses, no loss scale any more
+    assert all(abs(float(got[u]) - float(fp16_only[u])) < 0.03 * float(fp16_only[u]) for u in range(5, 13))
+    assert [scale[u] for u in (4, 5, 12)] == ["1", None, None]
+    assert torch.load(save / "checkpoint_last.pt")["last_optimizer_state"]["param_groups"][0][PRECISION_KEY] == "bf16"
+
+    resumed = Run(tmp_path, "resumed", [one_process(multi30k_small_bin, save, fault_shim, *fp16, "--max-update", "14")])
+    assert resumed.wait() == [0], resumed.text()[-3000:]
+    assert ("fp16 fall-back: this run went on in bf16 before it was saved; so does the resumed run "
+            "(--divergence-fp16-fallback)") in resumed.text()
+    assert sorted(losses(resumed.text())) == [13, 14] and logged(resumed.text(), "loss_scale")[14] is None
 
 
 @pytest.mark.parametrize("step", ["write", "copy"])
@@ -361,3 +422,22 @@ def test_save_on_signals_names_catchable_signals_or_none():
     assert parse_signals("none") == [] == parse_signals("")
     with pytest.raises(ValueError, match="'SIGKILL' is not a signal that can be caught"):
         parse_signals("SIGTERM,KILL")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"divergence_loss_spike": 3.0}, "need --divergence-guard"),
+    ({"divergence_fp16_fallback": "bf16"}, "need --divergence-guard"),
+    ({"divergence_guard": True, "divergence_loss_spike": 0.9}, "--divergence-loss-spike must be > 1 (0 = off)"),
+    ({"divergence_guard": True, "divergence_loss_spike": -1.0}, "--divergence-loss-spike must be >= 0"),
+])
+def test_divergence_options_are_checked(options, message):
+    from types import SimpleNamespace
+
+    from deepnet_fairseq.criterions.diagnostic_label_smoothed_cross_entropy import (
+        DiagnosticLabelSmoothedCrossEntropyCriterion as Criterion,
+    )
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Criterion(SimpleNamespace(target_dictionary=None), False, 0.1, **options)
+    Criterion(SimpleNamespace(target_dictionary=None), False, 0.1, **dict(options, divergence_guard=True,
+                                                                          divergence_loss_spike=3.0))

@@ -20,6 +20,10 @@ subclasses it) plus training-stability diagnostics, each off by default and free
   --divergence-rollback N       instead of stopping, skip the diverged update and go on from the last
   --divergence-rollback-lr-factor F   good state, at most N times per run, optionally multiplying the
                                 learning rate by F each time (deepnet_fairseq/training/rollback.py)
+  --divergence-loss-spike F     an update whose loss per token is over F times the running average of
+                                the updates before it diverged (rank-independent; the average is saved)
+  --divergence-fp16-fallback P  fp16 at the minimum loss scale: go on in P (bf16 or fp32) from the same
+                                fp32 master weights, once, instead of stopping
 
 Everything goes through fairseq's metrics (progress bar, JSON log, tensorboard). Values that come
 from the forward pass travel in the logging outputs, which fairseq sums over micro-batches and
@@ -33,6 +37,7 @@ import math
 from dataclasses import dataclass, field
 
 from fairseq import metrics
+from fairseq.dataclass import ChoiceEnum
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -42,6 +47,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from ..diagnostics.monitors import (
     DivergenceError,
     GradNormMonitor,
+    MinimumLossScale,
     LayerNormInputMonitor,
     UpdateNormProbe,
     describe_nonfinite,
@@ -89,6 +95,15 @@ class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriteri
         default=1.0, metadata={"help": "with --divergence-rollback: multiply the learning rate by this at each "
                                        "rollback, for the rest of the run (kept in checkpoints)"}
     )
+    divergence_loss_spike: float = field(
+        default=0.0, metadata={"help": "with --divergence-guard: an update whose loss per token (over all ranks) is "
+                                       "above F times the running average of the previous updates' diverged "
+                                       "(0: off; the average is kept in checkpoints)"}
+    )
+    divergence_fp16_fallback: ChoiceEnum(["none", "bf16", "fp32"]) = field(
+        default="none", metadata={"help": "with --divergence-guard and --fp16: when the loss scale reaches its "
+                                          "minimum, skip that update and go on in bf16 or fp32 instead of stopping"}
+    )
 
 
 def _current_update():
@@ -119,18 +134,25 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         divergence_skip_batch=False,
         divergence_rollback=0,
         divergence_rollback_lr_factor=1.0,
+        divergence_loss_spike=0.0,
+        divergence_fp16_fallback="none",
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         for option, value in (("--diag-update-norm-interval", diag_update_norm_interval),
                               ("--diag-source-dependence-interval", diag_source_dependence_interval),
                               ("--divergence-loss-bound", divergence_loss_bound),
-                              ("--divergence-grad-bound", divergence_grad_bound)):
+                              ("--divergence-grad-bound", divergence_grad_bound),
+                              ("--divergence-loss-spike", divergence_loss_spike)):
             if value < 0 or not math.isfinite(value):
                 raise ValueError(f"{option} must be >= 0 (0 = off), got {value!r}")
-        if (divergence_loss_bound or divergence_grad_bound or divergence_skip_batch or divergence_rollback) \
-                and not divergence_guard:
+        divergence_fp16_fallback = str(divergence_fp16_fallback)
+        if (divergence_loss_bound or divergence_grad_bound or divergence_skip_batch or divergence_rollback
+                or divergence_loss_spike or divergence_fp16_fallback != "none") and not divergence_guard:
             raise ValueError("--divergence-loss-bound/--divergence-grad-bound/--divergence-skip-batch/"
-                             "--divergence-rollback need --divergence-guard")
+                             "--divergence-rollback/--divergence-loss-spike/--divergence-fp16-fallback "
+                             "need --divergence-guard")
+        if 0 < divergence_loss_spike <= 1:
+            raise ValueError(f"--divergence-loss-spike must be > 1 (0 = off), got {divergence_loss_spike!r}")
         if divergence_rollback < 0 or not 0 < divergence_rollback_lr_factor <= 1:
             raise ValueError(f"--divergence-rollback must be >= 0 and --divergence-rollback-lr-factor in (0, 1], "
                              f"got {divergence_rollback!r} and {divergence_rollback_lr_factor!r}")
@@ -145,6 +167,9 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self.rollback_limit = divergence_rollback  # training/rollback.py acts on it
         self.rollback_lr_factor = divergence_rollback_lr_factor
         self.rollbacks = 0
+        self.loss_spike = divergence_loss_spike  # training/rollback.py acts on it and on fp16_fallback
+        self.fp16_fallback = None if divergence_fp16_fallback == "none" else divergence_fp16_fallback
+        self._update_loss = (0.0, 0.0)  # this update's good micro-batches: loss sum (nats), sample size
         self._divergence = None  # what the loss check found in this update (rollback mode)
         self._attached = False
         self._probe = UpdateNormProbe() if diag_update_norm_interval else None
@@ -203,10 +228,12 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         return loss, sample_size, logging_output
 
     def _check_loss(self, model, sample, loss, sample_size, logging_output, update):
-        per_token = loss.item() / max(float(sample_size), 1.0) / math.log(2)
+        loss_sum = loss.item()
+        per_token = loss_sum / max(float(sample_size), 1.0) / math.log(2)
         bad = not math.isfinite(per_token) or (self.loss_bound and per_token > self.loss_bound)
         logging_output["skipped_batches"] = 0
         if not bad:
+            self._update_loss = (self._update_loss[0] + loss_sum, self._update_loss[1] + float(sample_size))
             return loss, logging_output
         where = locate_divergence(model, sample)
         what = f"loss {per_token:.4g} per token" + ("" if math.isfinite(per_token) else " (non-finite)")
@@ -225,6 +252,11 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             return loss * float("nan"), logging_output
         raise DivergenceError(f"training diverged at update {update + 1}: {what}; {where}. "
                               "The last saved checkpoint is untouched.")
+
+    def take_update_loss(self):
+        """(loss sum in nats, sample size) of this rank's good micro-batches since the last call."""
+        found, self._update_loss = self._update_loss, (0.0, 0.0)
+        return found
 
     def take_divergence(self):
         """What the loss check found in the update that just failed (None: not the loss), and forget it."""
@@ -256,7 +288,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             logger.info(f"divergence guard: update {update}: fp16 gradient overflow, {describe_nonfinite(norms)}; "
                         f"step skipped, loss scale now {scaler.loss_scale:g}")
             return
-        raise DivergenceError(
+        raise MinimumLossScale(
             f"training diverged at update {update}: the fp16 gradient still overflows at the minimum loss scale "
             f"(--min-loss-scale {scaler.min_loss_scale:g}), {describe_nonfinite(norms)}. "
             "The last saved checkpoint is untouched.")

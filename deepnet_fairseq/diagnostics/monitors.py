@@ -30,6 +30,10 @@ class DivergenceError(RuntimeError):
     """Training diverged; the message names the update and the sublayer where it started."""
 
 
+class MinimumLossScale(DivergenceError):
+    """fp16: the gradient still overflows at ``--min-loss-scale`` (fairseq would stop here)."""
+
+
 def _mean_token_norm(x, mask=None):
     norms = x.detach().float().norm(dim=-1)
     if mask is not None:

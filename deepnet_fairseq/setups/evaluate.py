@@ -345,7 +345,8 @@ def main(argv=None):
             result = evaluate_bilingual(cfg, averaged, cpu, out, opts.engine)
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
                        "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
-                       "deepnorm": deepnorm_record(arch, layers) if layers else None,
+                       "deepnorm": deepnorm_record(arch, layers, train_cfg.get("train", {}).get("extra_args", ()))
+                       if layers else None,
                        "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
                        "run_dir": str(folder), "wall_time_s": round(time.time() - start, 1),
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -2,15 +2,15 @@
 shared Multi30k (de<->en, en<->fr), tested on the three-way parallel test2016 in all six directions,
 zero-shot de<->fr included: sacreBLEU and target-language accuracy, with the spread over seeds.
 
-    python -m deepnet_fairseq.setups.zero_shot_study [--archs postln,preln,deepnet] [--layers 6,6 ...]
+    python -m deepnet_fairseq.setups.zero_shot_study [--archs postln,preln,deepnet,deepnet_source] [--layers 6,6 ...]
         [--seeds 1,2,3] [--stages 1500,3000,4500] [--work DIR] [--runs DIR] [--out DIR] [--dry-run]
         [--summary-only] [key=value ...]
 
 Everything goes through the shipped OPUS-100 scripts (configs/opus100.yaml): the Multi30k files are laid
 out in OPUS-100's raw layout under WORK/raw, then scripts/prepare_opus100.sh, binarize.sh, and for each
-stage S, each depth, seed and arch, train_opus100.sh to S updates (a run resumes from its
+stage S, each depth, seed and variant, train_opus100.sh to S updates (a run resumes from its
 checkpoint_last.pt, so each stage continues the previous one) and evaluate.sh (average of the last 5
-update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<arch>/<N>L-<M>L; the records go
+update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<variant>/<N>L-<M>L; the records go
 to RUNS/results.jsonl. A marker eval/evaluated_at_<S> skips finished work, so rerunning the same
 command continues an interrupted study. The stages show where the supervised directions stop improving.
 
@@ -37,8 +37,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 CONFIG = ROOT / "configs" / "opus100.yaml"
-ARCHS = ("postln", "preln", "deepnet")
-ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet"}
+# study variant -> (the setups' --arch, train.extra_args); a run's folder is named after its variant
+VARIANTS = {"postln": ("postln", []), "preln": ("preln", []), "deepnet": ("deepnet", []),
+            "deepnet_source": ("deepnet", ["--deepnorm-init", "source"])}
+ARCHS = tuple(VARIANTS)
+ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_source": "DeepNet, source init"}
 SUPERVISED = ("de-en", "en-de", "en-fr", "fr-en")
 ZERO_SHOT = ("de-fr", "fr-de")
 DATA = ["data.langs=[de,en,fr]", "data.lang_pairs=[de-en,en-de,en-fr,fr-en]", "data.zero_shot_pairs=[de-fr,fr-de]"]
@@ -119,7 +122,7 @@ def summarise(records):
         seed = seed_of(record.get("run_dir", ""))
         if record.get("setup") != "opus100" or seed is None:
             continue
-        key = (record["arch"], record["encoder_layers"], record["decoder_layers"])
+        key = (Path(record["run_dir"]).parent.name, record["encoder_layers"], record["decoder_layers"])
         if record.get("kind") == "eval" and record.get("updates") is not None:
             latest[key + (record["updates"], seed)] = record
         elif record.get("kind") == "train" and record.get("updates") is not None:
@@ -229,7 +232,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.setups.zero_shot_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="section.key=value for every stage (after the study's own)")
-    parser.add_argument("--archs", default="postln,preln,deepnet")
+    parser.add_argument("--archs", default="postln,preln,deepnet", help=f"of {', '.join(ARCHS)}")
     parser.add_argument("--layers", action="append", help="N,M (repeat for more depths; default 6,6)")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--stages", default="1500,3000,4500", help="updates at which to stop and evaluate")
@@ -269,10 +272,11 @@ def main(argv=None):
             for stage in stages:
                 for depth in layers:
                     for seed in seeds:
-                        for arch in archs:
-                            args = [*common, f"paths.runs={runs / f'seed{seed}'}", f"train.seed={seed}",
-                                    *opts.overrides, f"train.max_update={stage}"]
-                            folder = runs / f"seed{seed}" / "opus100" / arch / f"{depth.replace(',', 'L-')}L"
+                        for variant in archs:
+                            arch, extra = VARIANTS[variant]
+                            folder = runs / f"seed{seed}" / "opus100" / variant / f"{depth.replace(',', 'L-')}L"
+                            args = [*common, f"train.seed={seed}", f"train.extra_args=[{','.join(extra)}]",
+                                    *opts.overrides, f"train.max_update={stage}", "--run-dir", folder]
                             marker = folder / "eval" / f"evaluated_at_{stage}"
                             if marker.exists():
                                 print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)

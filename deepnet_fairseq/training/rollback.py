@@ -1,11 +1,15 @@
-"""Roll back instead of dying: ``--divergence-rollback N`` of ``diagnostic_label_smoothed_cross_entropy``.
+"""Roll back instead of dying: ``--divergence-rollback N``, ``--divergence-loss-spike F`` and
+``--divergence-fp16-fallback P`` of ``diagnostic_label_smoothed_cross_entropy``.
 
 Every trigger fires *before* the optimizer step of the update it is in, on every rank at once: a
 non-finite or out-of-bound loss (the criterion then makes the update's gradient non-finite, so every
 rank sees it after the gradient all-reduce), a non-finite gradient norm (``check_gradient``, right
 after fairseq's all-reduce and clipping, before fairseq's own ``FloatingPointError``, whose NaN
 detector re-runs the batch and writes ``crash.pt``), one over ``--divergence-grad-bound`` (the
-guard's optimizer pre-hook), and the fp16 loss scale at its minimum (the guard's loss-scaler hook).
+guard's optimizer pre-hook), an update loss over F times the running average of the updates before
+(``check_loss_spike``, right after the gradient check; the update's loss is summed over the ranks
+with one all-reduce, so every rank decides alike), and the fp16 loss scale at its minimum (the
+guard's loss-scaler hook).
 So the model and optimizer in memory are still the last good state (the previous update's).
 ``recover`` drops the gradient, skips the batch (the data iterator has moved past it), optionally
 multiplies the learning rate by ``--divergence-rollback-lr-factor`` from then on, logs one line with
@@ -13,21 +17,34 @@ the update and the sublayer the guard named, and training goes on with the next 
 update number. After ``N`` rollbacks in one process, the next
 divergence stops training with the guard's error, as without rollback.
 
+``--divergence-fp16-fallback bf16|fp32`` acts first at the fp16 minimum loss scale, once:
+``fall_back_precision`` skips the batch the same way, casts the model to bf16 or fp32 and drops the
+loss scaler; fairseq's fp16 optimizer keeps its fp32 master weights and Adam state, so training goes
+on from exactly the last good state. The precision is saved in the optimizer's state, and a run
+resumed with the same ``--fp16`` command switches again before its first update (its fp32 master
+weights are rebuilt from the checkpoint's half-precision weights, as at every fairseq fp16 resume).
+
 Exact resume after a rollback: the skipped batch is consumed in the data iterator's position, and the
-learning-rate factor is stored in the optimizer's state, so a checkpoint saved after a rollback
-resumes exactly the rolled-back run. A resume from an earlier checkpoint meets the same batch again
+learning-rate factor and the loss average are stored in the optimizer's state, so a checkpoint saved
+after a rollback resumes exactly the rolled-back run. A resume from an earlier checkpoint meets the same batch again
 and (deterministically) rolls back the same way; the rollback count starts from 0 in each process.
 """
 
 import logging
+import math
 
 import torch
+from fairseq.distributed import utils as distributed_utils
 
-from ..diagnostics.monitors import DivergenceError, describe_nonfinite
+from ..diagnostics.monitors import DivergenceError, MinimumLossScale, describe_nonfinite
 
 logger = logging.getLogger(__name__)
 
-LR_SCALE_KEY = "deepnet_fairseq_lr_scale"  # in the optimizer's param groups, saved with its state
+# in the optimizer's first param group, saved with its state
+LR_SCALE_KEY = "deepnet_fairseq_lr_scale"
+LOSS_AVERAGE_KEY = "deepnet_fairseq_loss_average"
+PRECISION_KEY = "deepnet_fairseq_precision"
+LOSS_AVERAGE_DECAY = 0.98  # about the last 50 updates
 
 
 def enabled(trainer):
@@ -47,11 +64,59 @@ def check_gradient(trainer, grad_norm):
     raise DivergenceError(f"training diverged at update {trainer.get_num_updates() + 1}: {criterion._divergence}")
 
 
+def check_loss_spike(trainer):
+    """Raise ``DivergenceError`` if this update's loss per token (all ranks) is over ``--divergence-loss-spike``
+    times the running average of the updates before it; else fold it into that average."""
+    criterion = trainer.criterion
+    loss_sum, size = criterion.take_update_loss()
+    if trainer.data_parallel_world_size > 1:
+        total = torch.tensor([loss_sum, size], dtype=torch.float64, device=trainer.device)
+        loss_sum, size = distributed_utils.all_reduce(total, group=trainer.data_parallel_process_group).tolist()
+    if size == 0:
+        return
+    per_token = loss_sum / size / math.log(2)
+    group = trainer.optimizer.param_groups[0]
+    average = group.get(LOSS_AVERAGE_KEY)
+    if average is not None and per_token > criterion.loss_spike * average:
+        monitor = criterion._grad_monitor
+        norms = monitor._norms([(i, p.grad) for i, p in enumerate(monitor.params)])[0]
+        top = max(norms, key=norms.get) if norms else "(none)"
+        criterion._divergence = (f"loss {per_token:.4g} per token > {criterion.loss_spike:g} x its running average "
+                                 f"{average:.4g} (--divergence-loss-spike); largest gradient in sublayer {top} "
+                                 f"({norms.get(top, float('nan')):.4g})")
+        raise DivergenceError(f"training diverged at update {trainer.get_num_updates() + 1}: {criterion._divergence}. "
+                              "The last saved checkpoint is untouched.")
+    group[LOSS_AVERAGE_KEY] = per_token if average is None else (
+        LOSS_AVERAGE_DECAY * average + (1 - LOSS_AVERAGE_DECAY) * per_token)
+
+
+def fall_back_precision(trainer, precision):
+    """Train on in ``precision`` (bf16 or fp32) instead of fp16, from the same fp32 master weights."""
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    trainer.zero_grad()
+    for module in (trainer._model, trainer._criterion):
+        module.to(dtype)  # the same Parameter objects: fairseq's fp16 optimizer still holds them
+    trainer._wrapped_model = trainer._wrapped_criterion = None  # rewrapped (DDP buckets) at the next use
+    trainer.optimizer.scaler = None  # as fairseq builds its fp16 optimizer for --bf16
+    trainer.cfg.common.fp16, trainer.cfg.common.bf16 = False, precision == "bf16"  # batches cast to match
+    trainer.optimizer.param_groups[0][PRECISION_KEY] = precision
+
+
 def recover(trainer, err):
-    """Skip the diverged update (the state is still the previous update's), or raise past the bound."""
+    """Whether the diverged update was handled: skipped (the state is still the previous update's), in
+    another precision at the fp16 minimum loss scale; raises past the rollback bound."""
     criterion = trainer.criterion
     update = trainer.get_num_updates() + 1
     reason = criterion.take_divergence() or str(err).split(": ", 1)[-1].split(". The last saved")[0]
+    criterion.take_update_loss()
+    fallback = getattr(criterion, "fp16_fallback", None)
+    if isinstance(err, MinimumLossScale) and fallback and trainer.cfg.common.fp16:
+        fall_back_precision(trainer, fallback)
+        logger.warning(f"fp16 fall-back: update {update}: {reason}; model and optimizer stay at update "
+                       f"{update - 1}, batch skipped; training goes on in {fallback} (--divergence-fp16-fallback)")
+        return True
+    if not enabled(trainer):
+        return False
     criterion.rollbacks += 1
     if criterion.rollbacks > criterion.rollback_limit:
         raise DivergenceError(f"training diverged at update {update}: {reason}; rolled back "
@@ -69,6 +134,16 @@ def recover(trainer, err):
         lr = f", learning rate x{trainer.optimizer.param_groups[0][LR_SCALE_KEY]:g} from now on"
     logger.warning(f"divergence rollback {criterion.rollbacks}/{criterion.rollback_limit}: update {update}: "
                    f"{reason}; model and optimizer stay at update {update - 1}, batch skipped{lr}")
+    return True
+
+
+def resume_precision(trainer):
+    """A run that fell back from fp16 and is resumed with its ``--fp16`` command: fall back again."""
+    precision = trainer.optimizer.param_groups[0].get(PRECISION_KEY)
+    if precision and trainer.cfg.common.fp16:
+        fall_back_precision(trainer, precision)
+        logger.warning(f"fp16 fall-back: this run went on in {precision} before it was saved; so does the resumed "
+                       "run (--divergence-fp16-fallback)")
 
 
 def scaled_step_update(step_update, optimizer):

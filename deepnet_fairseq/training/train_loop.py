@@ -8,7 +8,9 @@ Importing the plugin wraps (once per process, any task):
   ``checkpoint_last.pt`` (unless fairseq just did), logs one line and all ranks exit with status 75
   (``preemption``); on a failed write all ranks stop with rank 0's one-line error (``safe_save``).
 - ``fairseq.trainer.Trainer.train_step`` and ``clip_grad_norm``: with ``--divergence-rollback N`` a
-  diverged update is skipped from the last good state (``rollback``), past ``N`` it raises as before.
+  diverged update is skipped from the last good state (``rollback``), past ``N`` it raises as before;
+  ``--divergence-loss-spike`` is checked after the gradient all-reduce; at the fp16 minimum loss scale
+  ``--divergence-fp16-fallback`` goes on in bf16 or fp32.
 - ``checkpoint_utils.torch_persistent_save`` and ``checkpoint_utils.PathManager``: checkpoint files
   are written and copied atomically; a failed write leaves no partial file (``safe_save``).
 - ``checkpoint_utils.load_checkpoint`` (fairseq-train only, before the first update): installs the
@@ -109,12 +111,13 @@ def _recorded_save(save_checkpoint):
 
 def _train_step(train_step):
     def step(self, samples, raise_oom=False):
-        if not rollback.enabled(self):
-            return train_step(self, samples, raise_oom)
+        if hasattr(self.criterion, "take_update_loss"):
+            self.criterion.take_update_loss()  # nothing left from an update fairseq skipped (fp16 overflow)
         try:
             return train_step(self, samples, raise_oom)
         except DivergenceError as err:
-            rollback.recover(self, err)
+            if not rollback.recover(self, err):
+                raise
             self._deepnet_fairseq_rolled_back = True
             return None  # fairseq's loop: no update (as after an OOM), on to the next batch
 
@@ -125,8 +128,12 @@ def _clip_grad_norm(clip_grad_norm):
     """Called by ``train_step`` after the gradient all-reduce, before fairseq checks the norm."""
     def clip(self, clip_norm):
         grad_norm = clip_grad_norm(self, clip_norm)
-        if rollback.enabled(self) and not self.cfg.common.amp:  # amp skips non-finite steps by itself
+        if self.cfg.common.amp:  # amp skips non-finite steps by itself
+            return grad_norm
+        if rollback.enabled(self):
             rollback.check_gradient(self, grad_norm)
+        if getattr(self.criterion, "loss_spike", 0):
+            rollback.check_loss_spike(self)
         return grad_norm
 
     return clip
@@ -144,6 +151,7 @@ def _start_guards(load_checkpoint):
                         f"and exit with status {preemption.PREEMPTED_EXIT_STATUS} (--save-on-signals)")
         lost_rank.start(trainer.data_parallel_rank, trainer.data_parallel_world_size,
                         getattr(task_cfg, "lost_rank_timeout", DEFAULT_LOST_RANK_TIMEOUT))
+        rollback.resume_precision(trainer)
         if rollback.enabled(trainer):
             trainer.lr_scheduler.step_update = rollback.scaled_step_update(trainer.lr_scheduler.step_update,
                                                                            trainer.optimizer)
