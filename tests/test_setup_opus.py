@@ -9,7 +9,7 @@ from conftest import ROOT, SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq import textprep as tp
-from deepnet_fairseq.setups import langid
+from deepnet_fairseq.setups import langid, report
 from deepnet_fairseq.setups.evaluate import bleu
 
 
@@ -102,6 +102,11 @@ def test_multilingual_per_direction_table_with_zero_shot(opus):
         assert line in opus["stdout"], line
     print("\n".join(line for line in opus["stdout"].splitlines() if "on-target" in line or "%" in line))
     assert (opus["run"] / "eval/bleu_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    # scripts/report's table: BLEU with the on-target shares of the supervised and the zero-shot directions
+    assert report.main([str(opus["tmp"] / "results.jsonl"), "--out-dir", str(opus["tmp"] / "report")]) == 0
+    supervised_acc = [float(r["target_lang_acc"]) for r in rows if r["zero_shot"] == "False"]
+    cell = (f"{scores['bleu']:.2f} (on target {sum(supervised_acc) / 4:.0f}% / zero-shot {sum(zero_acc) / 2:.0f}%)")
+    assert f"| DeepNet | {cell} |" in (opus["tmp"] / "report/results.md").read_text()
 
 
 def reference_log_probs(checkpoint, data, src, tgt):

@@ -106,6 +106,7 @@ def test_iwslt_prepared_text_and_records(iwslt, iwslt_raw):
     assert 0 < train["final_loss"] < 12
     constants = deepnorm_constants(2, 2)
     assert train["deepnorm"]["encoder_alpha"] == pytest.approx(constants.encoder_alpha)
+    assert evaluation["deepnorm"] == train["deepnorm"]
     assert evaluation["bleu"] == json.loads((iwslt["run"] / "eval/scores.json").read_text())["bleu"]
     # a rerun of every stage skips the finished work
     proc = run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", iwslt_raw, *iwslt["args"]])

@@ -28,7 +28,7 @@ def test_opus_layout_of_multi30k_is_three_way_parallel(tmp_path):
 
 
 def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
-    args = ["--dry-run", "--archs", "preln,deepnet", "--seeds", "1,2", "--stages", "200,100",
+    args = ["--dry-run", "--archs", "preln,deepnet_source", "--seeds", "1,2", "--stages", "200,100",
             "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "r"), "model.heads=2"]
     assert study.main(args) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[zero_shot_study]")]
@@ -37,7 +37,11 @@ def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
     assert len(trains) == 2 * 2 * 2 and all("--layers 6,6 --cpu" in line for line in trains)
     assert "train.seed=1" in trains[0] and "train.max_update=100" in trains[0] and "train.max_update=200" in trains[-1]
     assert all(line.index("model.heads=4") < line.index("model.heads=2") for line in trains)  # user's overrides last
-    assert f"paths.runs={tmp_path / 'r' / 'seed2'}" in trains[-1]
+    assert f"--run-dir {tmp_path / 'r' / 'seed2' / 'opus100' / 'deepnet_source' / '6L-6L'}" in trains[-1]
+    assert "--arch deepnet " in trains[-1] and "'train.extra_args=[--deepnorm-init,source]'" in trains[-1]
+    assert "--arch preln " in trains[0] and "'train.extra_args=[]'" in trains[0]
+    evals = [line for line in lines if "evaluate.sh" in line]
+    assert [line.split("--run-dir")[1] for line in evals] == [line.split("--run-dir")[1] for line in trains]
     assert not (tmp_path / "w").exists()
     assert study.main(["--archs", "transformer", "--dry-run"]) == 2
     assert study.main(["--seeds", "x", "--dry-run"]) == 2
@@ -56,12 +60,15 @@ def test_summary_over_seeds(tmp_path):
     acc2 = {d: 100.0 for d in bleu1} | {"de-fr": 30.0, "fr-de": 50.0}
     records = [eval_record("deepnet", 1, 1500, bleu1, acc1), eval_record("deepnet", 2, 1500, bleu2, acc2),
                eval_record("preln", 1, 1500, bleu1, acc1),
+               dict(eval_record("deepnet_source", 1, 1500, bleu2, acc2), arch="deepnet"),  # its run folder names it
                {"kind": "train", "setup": "opus100", "arch": "deepnet", "encoder_layers": 6, "decoder_layers": 6,
                 "updates": 1500, "run_dir": "runs/zero_shot/seed1/opus100/deepnet/6L-6L", "wall_time_s": 600.0},
                {"kind": "eval", "setup": "opus100", "arch": "deepnet", "run_dir": "elsewhere/opus100/deepnet/6L-6L",
                 "encoder_layers": 6, "decoder_layers": 6, "updates": 1500, "directions": []}]  # not the study's
     rows = study.write_summary(records, tmp_path)
-    assert [(r["model"], r["seeds"]) for r in rows] == [("Pre-LN", "1"), ("DeepNet", "1,2")]
+    assert [(r["model"], r["seeds"]) for r in rows] == [("Pre-LN", "1"), ("DeepNet", "1,2"),
+                                                         ("DeepNet, source init", "1")]
+    assert rows[2]["de-en bleu"] == (12.0, 0.0)
     deepnet = rows[1]
     assert deepnet["de-en bleu"] == (11.0, pytest.approx(math.sqrt(2)))
     assert deepnet["supervised bleu"] == (12.0, pytest.approx(math.sqrt(2)))

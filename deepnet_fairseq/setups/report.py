@@ -3,7 +3,8 @@
     python -m deepnet_fairseq.setups.report RESULTS.jsonl [...] [--out-dir DIR]
 
 For every setup: a table of BLEU with one row per architecture and one column per depth (the
-latest evaluation of each run; "diverged" where training diverged), written as Markdown and CSV,
+latest evaluation of each run; "diverged" where training diverged; multilingual evaluations add the
+share of hypotheses in the target language, supervised and zero-shot), written as Markdown and CSV,
 plus ``runs.csv`` listing every record. Where runs were evaluated at several update counts (a run
 continued in stages, e.g. scripts/paper_protocol_multi30k.sh), also BLEU and valid loss by updates
 for each depth: a table and a plot ``<setup>_<depth>_by_updates.{csv,png}``.
@@ -38,6 +39,18 @@ def depth(record):
     return f"{record['encoder_layers']}L-{record['decoder_layers']}L"
 
 
+def on_target(directions):
+    """' (on target S% / zero-shot Z%)': the mean share of hypotheses in the target language, where the
+    evaluation identified it (multilingual setups, issue 28); '' otherwise."""
+    parts = []
+    for label, zero_shot in (("", False), ("zero-shot ", True)):
+        values = [d["target_lang_acc"] for d in directions
+                  if d.get("zero_shot") == zero_shot and d.get("target_lang_acc") is not None]
+        if values:
+            parts.append(f"{label}{sum(values) / len(values):.0f}%")
+    return f" (on target {' / '.join(parts)})" if parts else ""
+
+
 def tables(records):
     """setup -> (depth columns, {arch: {depth: cell}}, signature)."""
     out = {}
@@ -50,7 +63,7 @@ def tables(records):
         if r["kind"] == "train" and r.get("diverged"):
             cell[key] = "diverged"
         elif r["kind"] == "eval" and cell.get(key) != "diverged":
-            cell[key] = f"{r['bleu']:.2f}"
+            cell[key] = f"{r['bleu']:.2f}" + on_target(r.get("directions", []))
             setup["signatures"].add(r.get("signature", ""))
     result = {}
     for name, setup in out.items():
