@@ -346,19 +346,17 @@ def test_rollback_skips_a_nan_update_and_a_loss_spike_and_stops_past_the_bound(m
 
 
 def test_fp16_at_the_minimum_loss_scale_falls_back_to_bf16_and_resumes_in_bf16(multi30k_small_bin, fault_shim,
-                                                                              tmp_path):
+                                                                              reference, tmp_path):
     """fp16 on CPU (fairseq needs --fp16-no-flatten-grads there, and a first overflow that is already at the
     minimum scale: its non-fatal overflow path calls .cuda()): an infinite gradient in decoder layer 0's FFN
     at update 5. With --divergence-fp16-fallback bf16 the run goes on in bf16; the same command resumes in bf16."""
     fp16 = ["--fp16", "--fp16-no-flatten-grads", "--fp16-init-scale", "1", "--min-loss-scale", "1",
             "--divergence-fp16-fallback", "bf16"]
     save = tmp_path / "save"
-    runs = [Run(tmp_path, "fallback", [one_process(multi30k_small_bin, save, fault_shim, *fp16, "--max-update", "12")],
-                FAULTS="gradinf@decoder.layers.0.fc2@5:1"),
-            Run(tmp_path, "fp16", [one_process(multi30k_small_bin, tmp_path / "fp16", fault_shim, *fp16,
-                                               "--max-update", "12")])]
-    assert [run.wait() for run in runs] == [[0], [0]], runs[0].text()[-3000:]
-    text, fp16_only = runs[0].text(), losses(runs[1].text())
+    run = Run(tmp_path, "fallback", [one_process(multi30k_small_bin, save, fault_shim, *fp16, "--max-update", "12")],
+              FAULTS="gradinf@decoder.layers.0.fc2@5:1")
+    assert run.wait() == [0], run.text()[-3000:]
+    text = run.text()
     line = [line.split(" | ")[-1] for line in text.splitlines() if "fp16 fall-back" in line]
     assert line == ["fp16 fall-back: update 5: the fp16 gradient still overflows at the minimum loss scale "
                     "(--min-loss-scale 1), non-finite gradient in 7 of 10 sublayers, starting at sublayer dec0_ffn; "
@@ -366,10 +364,10 @@ def test_fp16_at_the_minimum_loss_scale_falls_back_to_bf16_and_resumes_in_bf16(m
                     "(--divergence-fp16-fallback)"], text[-3000:]
     got, scale = losses(text), logged(text, "loss_scale")
     assert sorted(got) == list(range(1, 13))
-    assert {u: got[u] for u in range(1, 5)} == {u: fp16_only[u] for u in range(1, 5)}
-    # then bf16 on the next batches, one behind: within 3% of the fp16 run's losses, no loss scale any more
-    assert all(abs(float(got[u]) - float(fp16_only[u])) < 0.03 * float(fp16_only[u]) for u in range(5, 13))
-    assert [scale[u] for u in (4, 5, 12)] == ["1", None, None]
+    # against the uninterrupted fp32 run: fp16 on the same batches, then bf16 on the next batches (one behind)
+    assert all(abs(float(got[u]) - float(reference[0][u])) <= 0.005 * float(reference[0][u]) for u in range(1, 5))
+    assert all(abs(float(got[u]) - float(reference[0][u])) < 0.03 * float(reference[0][u]) for u in range(5, 13))
+    assert [scale[u] for u in (4, 5, 12)] == ["1", None, None]  # no loss scale after the fall-back
     assert torch.load(save / "checkpoint_last.pt")["last_optimizer_state"]["param_groups"][0][PRECISION_KEY] == "bf16"
 
     resumed = Run(tmp_path, "resumed", [one_process(multi30k_small_bin, save, fault_shim, *fp16, "--max-update", "14")])
