@@ -201,15 +201,17 @@ def plot(rows, path):
     panels = (("supervised bleu", "supervised BLEU (4 directions)"),
               ("zero-shot bleu", "zero-shot BLEU (de-fr, fr-de)"), ("zero-shot on-target", "zero-shot on target (%)"))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    lines = list(dict.fromkeys((r["model"], r["layers"]) for r in rows))
+    shift = 0.015 * max((r["updates"] for r in rows), default=0)  # side by side, so that error bars don't hide
     for (field, title), ax in zip(panels, axes):
-        for (model, layers) in dict.fromkeys((r["model"], r["layers"]) for r in rows):
-            points = [(r["updates"], *r[field]) for r in rows if (r["model"], r["layers"]) == (model, layers)
-                      and r[field][0] is not None]
+        for i, (model, layers) in enumerate(lines):
+            points = [(r["updates"] + (i - (len(lines) - 1) / 2) * shift, *r[field]) for r in rows
+                      if (r["model"], r["layers"]) == (model, layers) and r[field][0] is not None]
             if points:
                 x, y, err = zip(*points)
                 ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{model} {layers}")
         ax.set_title(title)
-        ax.set_xlabel("updates")
+        ax.set_xlabel("updates (mean ± sd over seeds)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
