@@ -205,13 +205,13 @@ def plot(rows, path):
     shift = 0.015 * max((r["updates"] for r in rows), default=0)  # side by side, so that error bars don't hide
     for (field, title), ax in zip(panels, axes):
         for i, (model, layers) in enumerate(lines):
-            points = [(r["updates"] + (i - (len(lines) - 1) / 2) * shift, *r[field]) for r in rows
-                      if (r["model"], r["layers"]) == (model, layers) and r[field][0] is not None]
-            if points:
-                x, y, err = zip(*points)
-                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{model} {layers}")
+            ours = [r for r in rows if (r["model"], r["layers"]) == (model, layers) and r[field][0] is not None]
+            if ours:
+                x, y, err = zip(*[(r["updates"] + (i - (len(lines) - 1) / 2) * shift, *r[field]) for r in ours])
+                ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{model} {layers}",
+                            linestyle="-" if len({r["seeds"] for r in ours}) == 1 else ":")
         ax.set_title(title)
-        ax.set_xlabel("updates (mean ± sd over seeds)")
+        ax.set_xlabel("updates (mean ± sd over seeds; dotted: other seeds)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
