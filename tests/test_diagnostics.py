@@ -304,6 +304,7 @@ def test_committed_sweep_csvs_back_the_documented_claims_and_replot(tmp_path):
     assert all(p.stat().st_size > 10_000 for p in written)
 
 
+@pytest.mark.slow  # six fairseq-train processes, about 30 s of CPU; the committed figures' CSVs are replotted above
 def test_figures_command_tiny_setting_writes_the_papers_figures(tmp_path):
     """scripts/figures.sh --tiny: the same code as the committed figures, 2L/3L and 6 updates."""
     import csv
