@@ -11,7 +11,7 @@ export MKL_NUM_THREADS ?= 1
 help:
 	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet at equal depth on an embedded task"
 	@echo "make test   - set up, then run the test suite (without the tests marked slow)"
-	@echo "make test-all - the same with the slow tests (a killed multilingual run resumed exactly, figures.sh --tiny: ~13 min more)"
+	@echo "make test-all - the same with the slow tests (a killed multilingual run resumed exactly, figures.sh --tiny, a map cell resumed, ...: ~13 min more)"
 	@echo "make install - set up $(VENV) only (idempotent)"
 
 install:

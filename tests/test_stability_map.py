@@ -53,6 +53,7 @@ def test_script_help_and_bad_input(tmp_path):
     assert proc.returncode != 0 and "not a binarised fairseq data dir" in proc.stderr
 
 
+@pytest.mark.slow  # about 12 s of CPU; test_plateau_runs_a_cell_with_every_hook... runs a cell end to end too
 def test_one_cell_end_to_end_then_resumed(multi30k_bin, tmp_path):
     cmd = ["bash", "scripts/stability_map.sh", "--out", tmp_path / "map", "--data", multi30k_bin,
            "--methods", "deepnet", "--depths", "1", "--lrs", "1e-3", "--updates", "4", "--probe-every", "2",
