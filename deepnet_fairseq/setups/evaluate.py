@@ -26,7 +26,8 @@ from .. import textprep as tp
 from . import langid
 from ..average import average_checkpoints, last_checkpoints
 from .config import ConfigError, load
-from .launch import BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers, run_dir
+from .launch import (BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers,
+                     run_dir, run_settings)
 
 
 def bleu(hyps, refs, tokenize, lowercase=False):
@@ -350,7 +351,7 @@ def main(argv=None):
                        "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
                        "run_dir": str(folder), "wall_time_s": round(time.time() - start, 1),
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                       "max_update": train_cfg.get("train", {}).get("max_update")})
+                       "max_update": train_cfg.get("train", {}).get("max_update"), **run_settings(train_cfg)})
         with tp.atomic_write(out / "scores.json") as handle:
             json.dump(result, handle, indent=1)
         append_record(cfg["paths"]["results"], result)

@@ -253,8 +253,7 @@ def deepnorm_record(arch, layers, extra_args=()):
     """The DeepNorm constants the run trains with (``--deepnorm-init`` in train.extra_args chooses the betas)."""
     if arch != "deepnet":
         return None
-    extra = [str(a) for a in extra_args]
-    init = extra[extra.index("--deepnorm-init") + 1] if "--deepnorm-init" in extra[:-1] else "paper"
+    init = deepnorm_init(extra_args)
     from dataclasses import asdict
 
     # models/deepnorm.py (the formulas' one home) is plain Python; loaded by its path, it comes without
@@ -263,6 +262,22 @@ def deepnorm_record(arch, layers, extra_args=()):
     deepnorm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(deepnorm)
     return asdict(deepnorm.deepnorm_constants(*layers, init=init))
+
+
+def deepnorm_init(extra_args):
+    """The ``--deepnorm-init`` name in train.extra_args (fairseq's default, ``paper``, if absent)."""
+    extra = [str(a) for a in extra_args]
+    return extra[extra.index("--deepnorm-init") + 1] if "--deepnorm-init" in extra[:-1] else "paper"
+
+
+def run_settings(cfg):
+    """What a record needs to say how its run trained: the data, model and training sections as resolved
+    (lr, warm-up, seed, schedule, batch, every extra fairseq option) and the DeepNorm init's name."""
+    if not cfg:
+        return {}
+    data = {key: cfg["data"][key] for key in ("train", "valid", "test", "lang_pairs") if cfg["data"].get(key)}
+    return {"deepnorm_init": deepnorm_init(cfg["train"]["extra_args"]),
+            "settings": {"data": {**data, "work": cfg["paths"]["work"]}, "model": cfg["model"], "train": cfg["train"]}}
 
 
 def append_record(path, record):
@@ -404,7 +419,8 @@ def main(argv=None):
                   "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
                   "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,
-                  "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats}
+                  "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
+                  **run_settings(cfg)}
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
         preempted = requeue_if_preempted(returncode, log_stats, os.environ, opts.node_rank)

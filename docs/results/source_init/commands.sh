@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The runs behind docs/results/source_init/ (issue 34): the small Table 1's 18L-18L seeds, the paper's
+# protocol with the source init, and depth (6L/18L/50L) at the short schedule, through the shipped
+# scripts/train_iwslt.sh and scripts/evaluate.sh, each run in an explicit folder
+# RUNS/<study>/<variant>/seed<k>/<N>L-<M>L. Every step skips finished work (an evaluated_at_<S> marker),
+# and a stopped run resumes from its checkpoint_last.pt, so rerunning a lane continues it.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: docs/results/source_init/commands.sh LANE [--runs DIR] [--raw-dir DIR]
+
+  LANE        seeds   18L-18L, lr 2e-3, warm-up 100: Pre-LN / paper init / source init, seeds 2 and 3,
+                      1,500 then 3,000 updates; then the paper's protocol (peak 5e-4, 4,000 warm-up,
+                      2,000-8,000 updates) with the source init, seed 1
+              depth   lr 2e-3, warm-up 100, seed 1: 6L-6L source init; 50L-50L source init, paper init,
+                      Pre-LN, Post-LN at 1,500 updates
+              prepare only prepare and binarise Multi30k
+  --runs DIR  run folders, prepared data and results.jsonl (default: /work/runs)
+  --raw-dir   raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
+USAGE
+}
+
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --raw-dir) raw=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    seeds|depth|prepare) lane=$1; shift ;;
+    *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$lane" ] || { usage >&2; exit 2; }
+config=$root/configs/iwslt14_de_en.yaml
+work=$runs/work/multi30k_de_en
+data=(data.layout=plain "data.train=[train]" "data.valid=[valid]" "data.test=[test2016]"
+      "paths.work=$work" "paths.results=$runs/source_init/results.jsonl")
+# the small Table 1's model and batch (docs/setups.md)
+model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4 train.dropout=0.1 train.max_tokens=2000
+       train.batch_tokens=2000 train.save_interval_updates=100 eval.average_last=5 eval.max_len_a=1.2 eval.max_len_b=10)
+short=(train.lr=2e-3 train.warmup_updates=100)
+say() { echo "[source_init $(date -u +%FT%TZ)] $*"; }
+
+if [ ! -e "$work/bin/.done" ]; then
+  [ -f "$raw/train.de" ] || { echo "commands.sh: no raw Multi30k at $raw (--raw-dir)" >&2; exit 1; }
+  "$root/scripts/prepare_iwslt14.sh" --raw-dir "$raw" --workers 1 "${data[@]}"
+  "$root/scripts/binarize.sh" --config "$config" --workers 1 "${data[@]}"
+fi
+[ "$lane" = prepare ] && exit 0
+
+# stage STUDY VARIANT SEED LAYERS UPDATES [key=value ...]: train the run to UPDATES, then evaluate it
+stage() {
+  local study=$1 variant=$2 seed=$3 layers=$4 updates=$5; shift 5
+  local arch=$variant extra=()
+  case "$variant" in
+    paper) arch=deepnet ;;
+    source) arch=deepnet; extra=("train.extra_args=[--deepnorm-init,source]") ;;
+  esac
+  local dir=$runs/$study/$variant/seed$seed/${layers/,/L-}L
+  if [ -e "$dir/eval/evaluated_at_$updates" ]; then say "$dir: $updates updates already trained and evaluated"; return; fi
+  say "$dir: train to $updates updates, then evaluate"
+  local all=("${data[@]}" "${model[@]}" "$@" "${extra[@]}" "train.seed=$seed" "train.max_update=$updates")
+  "$root/scripts/train_iwslt.sh" --arch "$arch" --layers "$layers" --cpu --run-dir "$dir" "${all[@]}"
+  "$root/scripts/evaluate.sh" --config "$config" --arch "$arch" --run-dir "$dir" --cpu "${all[@]}"
+  mkdir -p "$dir/eval" && date -u +%FT%TZ > "$dir/eval/evaluated_at_$updates"
+}
+
+case "$lane" in
+  seeds)
+    for updates in 1500 3000; do for seed in 2 3; do for variant in source paper preln; do
+      stage table "$variant" "$seed" 18,18 "$updates" "${short[@]}"
+    done; done; done
+    for updates in 2000 4000 6000 8000; do stage protocol source 1 18,18 "$updates"; done ;;
+  depth)
+    stage depth source 1 6,6 1500 "${short[@]}"
+    for variant in source paper preln postln; do stage depth "$variant" 1 50,50 1500 "${short[@]}"; done ;;
+esac
+say "lane $lane done: records in $runs/source_init/results.jsonl"
