@@ -18,7 +18,7 @@ install:
 	@VENV=$(VENV) EXTRAS="$(EXTRAS)" bash scripts/install.sh
 
 demo: install
-	$(PY) -m deepnet_fairseq.demo $(DEMO_ARGS)
+	$(PY) -m deepnet_experiments.demo $(DEMO_ARGS)
 
 # pytest-xdist workers given whole test modules, the longest first (tests/conftest.py); one worker more
 # than cores, so that a worker waiting on a subprocess's start leaves its core to the others. Cores as

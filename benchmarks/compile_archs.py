@@ -4,7 +4,7 @@ real command line: the same losses within numerical tolerance (fp32 on CPU, drop
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.compile_archs --out benchmarks/results/compile_archs.json
 
 Each architecture trains twice from the same seed on the package's reverse-and-map task
-(``deepnet_fairseq/synthetic.py``, binarised once), 2L-2L d32 unless ``--layers``/``--dim`` say
+(``deepnet_experiments/synthetic.py``, binarised once), 2L-2L d32 unless ``--layers``/``--dim`` say
 otherwise, ``--max-update`` updates, one with ``--compile-layers`` and one without. Reported per
 architecture: the training loss logged at the last update (mean over the last ``--log-interval``
 updates) of both runs and its relative difference (target: within 1 %), the relative L2 difference
@@ -40,7 +40,7 @@ def translation_archs():
 
 
 def prepare(work):
-    from deepnet_fairseq.synthetic import write_reverse_map_task
+    from deepnet_experiments.synthetic import write_reverse_map_task
 
     text = write_reverse_map_task(work / "text", train=1000, valid=50, test=50)
     dest = work / "bin"

@@ -29,7 +29,7 @@ bin_dir=$(dirname "$PYTHON")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$OUT_DIR"
-"$PYTHON" -c "from deepnet_fairseq.synthetic import write_reverse_map_task as w; w('$work/text', train=20000)"
+"$PYTHON" -c "from deepnet_experiments.synthetic import write_reverse_map_task as w; w('$work/text', train=20000)"
 "$bin_dir/fairseq-preprocess" -s src -t tgt --trainpref "$work/text/train" --validpref "$work/text/valid" \
   --destdir "$work/bin" --joined-dictionary --workers 4 > "$work/preprocess.log" 2>&1 \
   || { echo "fp16_scaler_check.sh: fairseq-preprocess failed, see $work/preprocess.log" >&2; cat "$work/preprocess.log" >&2; exit 1; }

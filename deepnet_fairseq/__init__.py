@@ -7,17 +7,6 @@ classes for torch's weights-only loader.
 
 import logging
 import os
-import sys
-
-# Front ends that prepare text and start fairseq in subprocesses (scripts/prepare_*.sh, binarize.sh,
-# train_*.sh, make demo): their own process needs neither fairseq nor torch, whose imports cost about
-# 3 CPU s per start, so importing the package from them registers nothing.
-FRONT_ENDS = ("deepnet_fairseq.setups.prepare", "deepnet_fairseq.setups.launch", "deepnet_fairseq.demo")
-
-
-def _started_as_front_end():
-    argv = getattr(sys, "orig_argv", [])  # the interpreter's own command line: `python -m MODULE ...`
-    return any(arg == "-m" and argv[i + 1:i + 2] == [module] for i, arg in enumerate(argv) for module in FRONT_ENDS)
 
 
 def _keep_root_logger_off_debug():
@@ -36,11 +25,10 @@ def _keep_root_logger_off_debug():
         root.setLevel(level)
 
 
-if not _started_as_front_end():
-    _keep_root_logger_off_debug()
+_keep_root_logger_off_debug()
 
-    from .checkpoint_safety import allow_fairseq_checkpoints
+from .training.checkpoint_safety import allow_fairseq_checkpoints  # noqa: E402
 
-    allow_fairseq_checkpoints()
+allow_fairseq_checkpoints()
 
-    from . import criterions, models, optim, training  # noqa: F401  (registration)
+from . import criterions, models, optim, training  # noqa: E402,F401  (registration)

@@ -30,4 +30,4 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$config" ] || { echo "binarize: --config FILE is required (see --help)" >&2; exit 2; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec "$py" -m deepnet_fairseq.setups.prepare "$config" --stage binarize "${args[@]}"
+exec "$py" -m deepnet_setups.prepare "$config" --stage binarize "${args[@]}"

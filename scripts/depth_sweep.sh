@@ -11,5 +11,5 @@ if [[ ! -x "$PY" ]]; then
   exit 1
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" "$ROOT/deepnet_fairseq/diagnostics/sweep.py" "$@"
+
+exec "$PY" -m deepnet_experiments.sweep "$@"

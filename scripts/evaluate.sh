@@ -37,4 +37,4 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$config" ] || { echo "evaluate: --config FILE is required (see --help)" >&2; exit 2; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec "$py" -m deepnet_fairseq.setups.evaluate "$config" "${args[@]}"
+exec "$py" -m deepnet_setups.evaluate "$config" "${args[@]}"

@@ -10,6 +10,6 @@ if [[ ! -x "$PY" ]]; then
   exit 1
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
 cd "$ROOT"
-exec "$PY" "$ROOT/deepnet_fairseq/diagnostics/figures.py" "$@"
+exec "$PY" -m deepnet_experiments.figures "$@"

@@ -44,4 +44,4 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$config" ] || { echo "train: --config FILE is required (see --help)" >&2; exit 2; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec "$py" -m deepnet_fairseq.setups.launch "$config" "${args[@]}"
+exec "$py" -m deepnet_setups.launch "$config" "${args[@]}"

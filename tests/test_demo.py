@@ -8,7 +8,7 @@ from conftest import ROOT, run
 
 
 def test_demo_prints_a_short_report_and_writes_the_summary(tmp_path):
-    proc = run([sys.executable, "-m", "deepnet_fairseq.demo", "--layers", "2", "--updates", "12", "--warmup", "4",
+    proc = run([sys.executable, "-m", "deepnet_experiments.demo", "--layers", "2", "--updates", "12", "--warmup", "4",
                 "--train-pairs", "200", "--out", tmp_path], cwd=ROOT)
     output = proc.stdout + proc.stderr
     assert "DEBUG" not in output and len(output.splitlines()) < 100
@@ -29,17 +29,17 @@ def test_demo_prints_a_short_report_and_writes_the_summary(tmp_path):
 
 
 def test_demo_rejects_bad_options(tmp_path):
-    proc = run([sys.executable, "-m", "deepnet_fairseq.demo", "--layers", "0", "--out", tmp_path], cwd=ROOT, check=False)
+    proc = run([sys.executable, "-m", "deepnet_experiments.demo", "--layers", "0", "--out", tmp_path], cwd=ROOT, check=False)
     assert proc.returncode == 2 and "--layers must be >= 1" in proc.stderr
-    proc = run([sys.executable, "-m", "deepnet_fairseq.demo", "--raw-dir", tmp_path, "--out", tmp_path / "o"],
+    proc = run([sys.executable, "-m", "deepnet_experiments.demo", "--raw-dir", tmp_path, "--out", tmp_path / "o"],
                cwd=ROOT, check=False)
     assert proc.returncode != 0 and "demo: missing" in proc.stderr
 
 
 def test_readme_quotes_the_committed_fresh_demo_run():
     """The README's demo lines are what a fresh `make demo` printed (docs/results/demo/summary.json,
-    with the defaults of deepnet_fairseq.demo)."""
-    from deepnet_fairseq.demo import parse_args
+    with the defaults of deepnet_experiments.demo)."""
+    from deepnet_experiments.demo import parse_args
 
     summary = json.loads((ROOT / "docs" / "results" / "demo" / "summary.json").read_text())
     defaults = parse_args([])

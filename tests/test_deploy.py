@@ -285,7 +285,7 @@ def test_ctranslate2_model_is_exact_for_deepnet(setup, tmp_path):
 
 
 def test_evaluate_with_ctranslate2_gives_fairseqs_hypotheses_and_bleu(setup):
-    from deepnet_fairseq.setups import evaluate
+    from deepnet_setups import evaluate
 
     common = [str(setup["config"]), *setup["args"], "--arch", "deepnet", "--layers", "2,3", "--cpu"]
     assert evaluate.main(common) == 0

@@ -35,7 +35,7 @@ def build(data, arch, depth, *extra, with_cfg=False):
 
 
 def grads_at_init(data, arch, depth):
-    from deepnet_fairseq.diagnostics.monitors import GradNormMonitor
+    from deepnet_fairseq.instrumentation.monitors import GradNormMonitor
 
     torch.set_num_threads(1)
     model, criterion, samples = build(data, arch, depth)
@@ -68,7 +68,7 @@ def test_grad_norm_by_layer_grows_toward_the_top_for_postln_and_is_flat_for_prel
 
 
 def update_norm_after(data, arch, depth, steps=1, lr=2e-4):
-    from deepnet_fairseq.diagnostics.monitors import UpdateNormProbe
+    from deepnet_fairseq.instrumentation.monitors import UpdateNormProbe
 
     torch.set_num_threads(1)
     model, criterion, samples = build(data, arch, depth)
@@ -114,7 +114,7 @@ def test_logging_outputs_are_averaged_over_microbatches_and_workers(multi30k_bin
 
 def test_fp16_master_copy_and_step_scale_are_undone():
     """fp16 optimizers hold one flat fp32 copy of all grads and may pass the unscale factor to step()."""
-    from deepnet_fairseq.diagnostics.monitors import GradNormMonitor
+    from deepnet_fairseq.instrumentation.monitors import GradNormMonitor
 
     class FlatOptimizer(torch.optim.Optimizer):
         def __init__(self, params):
@@ -144,7 +144,7 @@ def test_fp16_divergence_guard_names_where_the_gradient_overflow_starts(multi30k
     skipped before any optimizer step, so the guard reads it from the scaler; at the minimum scale it stops."""
     from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-    from deepnet_fairseq.diagnostics.monitors import DivergenceError
+    from deepnet_fairseq.instrumentation.monitors import DivergenceError
 
     torch.set_num_threads(1)
     model, criterion, samples, cfg = build(multi30k_bin, POST_LN, 2, "--divergence-guard", "--fp16",
@@ -215,7 +215,7 @@ def test_hooks_leave_the_loss_unchanged_and_see_the_summed_gradient_with_update_
 
 
 def test_source_dependence_is_the_nll_gain_of_the_true_sources_and_zero_without_cross_attention(multi30k_bin):
-    from deepnet_fairseq.diagnostics.monitors import source_dependence
+    from deepnet_fairseq.instrumentation.monitors import source_dependence
 
     torch.set_num_threads(1)
     model, _, samples = build(multi30k_bin, DEEPNET, 3)
@@ -288,7 +288,7 @@ def test_committed_sweep_csvs_back_the_documented_claims_and_replot(tmp_path):
     """docs/figures: the numbers quoted in docs/diagnostics.md, and the figures regenerate from the CSVs."""
     from pathlib import Path
 
-    from deepnet_fairseq.diagnostics.plots import load_curves, load_runs, plot_all
+    from deepnet_experiments.plots import load_curves, load_runs, plot_all
 
     figures = Path(USER_DIR).parent / "docs" / "figures"
     curves = load_curves(figures / "curves.csv")

@@ -1,9 +1,9 @@
-"""Target-language accuracy (deepnet_fairseq/setups/langid.py) on real FLORES-200 devtest sentences."""
+"""Target-language accuracy (deepnet_setups/langid.py) on real FLORES-200 devtest sentences."""
 
 import pytest
 from conftest import SHARED_DATA
 
-from deepnet_fairseq.setups import langid
+from deepnet_setups import langid
 
 FLORES = SHARED_DATA / "flores200_devtest"
 SIX = ["cs", "de", "en", "es", "fr", "ro"]

@@ -1,6 +1,6 @@
 """Bad input gets a one-line error naming the file/option, a non-zero exit, and no finished-looking output.
 
-The data pipeline is driven through its real entry point (``deepnet_fairseq.setups.prepare``, which
+The data pipeline is driven through its real entry point (``deepnet_setups.prepare``, which
 scripts/prepare_*.sh and scripts/binarize.sh exec) on a small plain-layout copy of real Multi30k
 text; fairseq-train's own option checks run through the real CLI.
 """
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
 
-from deepnet_fairseq.setups import prepare
+from deepnet_setups import prepare
 
 IWSLT = ROOT / "configs" / "iwslt14_de_en.yaml"
 OPUS = ROOT / "configs" / "opus100.yaml"
@@ -109,7 +109,7 @@ def test_disk_full_during_binarisation_leaves_nothing_finished(capsys, tmp_path,
     # as on a full disk where write() fails with ENOSPC)
     script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
               "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); "
-              "from deepnet_fairseq.setups import prepare; sys.exit(prepare.main(sys.argv[1:]))")
+              "from deepnet_setups import prepare; sys.exit(prepare.main(sys.argv[1:]))")
     args = [sys.executable, "-c", script, IWSLT, "--stage", "binarize", "--workers", "1",
             f"paths.work={work}", *PLAIN]
     proc = run(args, check=False, env={"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})

@@ -1,4 +1,4 @@
-"""Fuzz the text-processing entry points of the data pipeline (deepnet_fairseq/setups) with hypothesis.
+"""Fuzz the text-processing entry points of the data pipeline (deepnet_setups) with hypothesis.
 
 Arbitrary Unicode (surrogates excluded: they cannot be UTF-8 encoded), control characters, and
 long lines: nothing crashes, and source and target never drift apart in line count, neither in
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from conftest import ROOT
 
 from deepnet_fairseq import textprep
-from deepnet_fairseq.setups import config
+from deepnet_setups import config
 
 FAIRSEQ_LINE_BREAKS = "\n\r"  # what Python's text mode (fairseq's readers) splits lines on
 

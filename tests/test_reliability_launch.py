@@ -10,7 +10,7 @@ import time
 
 from conftest import ROOT
 
-from deepnet_fairseq.setups import launch
+from deepnet_setups import launch
 
 # a stand-in for fairseq-train: 5 per-update json lines (far below any write buffer), then a long update
 FAKE_TRAIN = textwrap.dedent("""
@@ -20,7 +20,7 @@ FAKE_TRAIN = textwrap.dedent("""
         sys.stdout.flush()
     time.sleep(300)
 """)
-RUNNER = "import sys; from deepnet_fairseq.setups import launch; launch.run(sys.argv[2:], sys.argv[1], None)"
+RUNNER = "import sys; from deepnet_setups import launch; launch.run(sys.argv[2:], sys.argv[1], None)"
 
 
 def logged_updates(path):
@@ -86,7 +86,7 @@ def test_launcher_passes_a_signal_on_and_requeues_the_slurm_job_when_training_ex
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT), SLURM_JOB_ID="4242", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "deepnet_fairseq.setups.launch", ROOT / "configs/iwslt14_de_en.yaml", "--arch", "deepnet",
+        [sys.executable, "-m", "deepnet_setups.launch", ROOT / "configs/iwslt14_de_en.yaml", "--arch", "deepnet",
          "--layers", "2,2", "--cpu", "--nodes", "2", "--launcher", "slurm", "--run-dir", run_dir,
          f"paths.work={work}", f"paths.results={tmp_path / 'results.jsonl'}", "train.max_tokens=1024"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

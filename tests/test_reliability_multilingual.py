@@ -1,6 +1,6 @@
 """The multilingual setups (``translation_multi_simple_epoch``) resume exactly after a kill -9.
 
-A real run with the setups' own options (``deepnet_fairseq.setups.launch.train_args`` for the
+A real run with the setups' own options (``deepnet_setups.launch.train_args`` for the
 OPUS-100 config: language tokens, temperature sampling), on real Multi30k de-en and en-fr text,
 as 2 gloo processes under torchrun with ``--update-freq 2`` and 2 data-loader workers per process,
 over several epochs. It is killed in the middle of writing a checkpoint (rank 0's atomic save), in
@@ -25,8 +25,8 @@ import torch
 from conftest import BIN, ROOT, free_port, run
 from test_reliability_resume import kill_shim, losses, train_env  # noqa: F401  (kill_shim: a fixture)
 
-from deepnet_fairseq.setups import config as cfgmod
-from deepnet_fairseq.setups import launch
+from deepnet_setups import config as cfgmod
+from deepnet_setups import launch
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def train_command(work, save_dir, user_dir):
     assert args[args.index("--update-freq") + 1] == "2"
     args[args.index("--user-dir") + 1] = str(user_dir)
     return [BIN / "torchrun", "--nproc_per_node=2", "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}", "-m", "deepnet_fairseq.setups.cpu_worker", *args]
+            f"--master_port={free_port()}", "-m", "deepnet_setups.cpu_worker", *args]
 
 
 def start(cmd, log_path, **env):

@@ -3,6 +3,7 @@
 Fast tests (no training). The end-to-end pipelines are in test_setup_{pipelines,opus,wmt}.py.
 """
 
+import pkgutil
 import re
 import shlex
 import sys
@@ -10,9 +11,8 @@ import sys
 import pytest
 from conftest import ROOT, SHARED_DATA, run
 
-from deepnet_fairseq import FRONT_ENDS
-from deepnet_fairseq.setups import config as cfgmod
-from deepnet_fairseq.setups import launch
+from deepnet_setups import config as cfgmod
+from deepnet_setups import launch
 from deepnet_fairseq import textprep as tp
 
 CONFIGS = {name: ROOT / "configs" / f"{name}.yaml" for name in ("iwslt14_de_en", "wmt17_en_de", "opus100", "m2m_102")}
@@ -116,7 +116,7 @@ def test_dry_run_single_gpu_postln_and_cpu_gloo(capsys):
     commands, _ = _dry_run_in_process(capsys, "--arch", "preln", "--layers", "2,2", "--cpu", "--procs", "2")
     argv = shlex.split(commands[0])
     assert argv[0].endswith("torchrun") and "--nproc_per_node=2" in argv and "--cpu" in argv and "--fp16" not in argv
-    assert argv[6:8] == ["-m", "deepnet_fairseq.setups.cpu_worker"]  # passes each process's rank (env://)
+    assert argv[6:8] == ["-m", "deepnet_setups.cpu_worker"]  # passes each process's rank (env://)
     tail = " ".join(argv)
     assert "--distributed-backend gloo --ddp-backend legacy_ddp" in tail and "--distributed-world-size 2" in tail
 
@@ -206,7 +206,7 @@ def test_generate_keeps_every_test_sentence(monkeypatch, tmp_path):
     """fairseq 0.12 drops a last batch whose size is not a multiple of 8 unless told otherwise."""
     import subprocess
 
-    from deepnet_fairseq.setups import evaluate
+    from deepnet_setups import evaluate
 
     seen = []
 
@@ -323,14 +323,16 @@ def test_launch_sizes_max_tokens_from_the_visible_gpus(capsys, monkeypatch):
     assert "no GPU is visible; give --gpu-memory-gib" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", FRONT_ENDS)
-def test_setup_front_ends_start_without_importing_fairseq_or_torch(module):
-    """prepare (text, binarize), launch and the demo only start fairseq in subprocesses; fairseq's own entry
-    points (fairseq-train --user-dir, every other test) still get the plugin registered."""
-    proc = run([sys.executable, "-X", "importtime", "-m", module, "--help"])
+DRIVERS = sorted(f"deepnet_experiments.{m.name}" for m in pkgutil.iter_modules([str(ROOT / "deepnet_experiments")]))
+
+
+@pytest.mark.parametrize("module", ["deepnet_setups.launch", "deepnet_setups.report", *DRIVERS])
+def test_drivers_and_the_launcher_import_no_fairseq(module):
+    """The drivers and the launcher only start fairseq in subprocesses, so importing one loads neither
+    fairseq nor the plugin; fairseq's own entry points (fairseq-train --user-dir) register the plugin."""
+    proc = run([sys.executable, "-X", "importtime", "-c", f"import {module}"])
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert module.rsplit(".", 1)[0] in imported and not {"torch", "fairseq"} & imported
-    assert "usage" in proc.stdout.lower()
+    assert module in imported and not {"fairseq", "deepnet_fairseq"} & imported
 
 
 def test_report_tables_and_plots_bleu_by_updates_for_staged_runs(tmp_path):
@@ -338,7 +340,7 @@ def test_report_tables_and_plots_bleu_by_updates_for_staged_runs(tmp_path):
     import csv
     import json
 
-    from deepnet_fairseq.setups import report
+    from deepnet_setups import report
 
     records = []
     for arch, bleus in (("deepnet", (10.53, 20.1)), ("preln", (10.61, 19.5))):

@@ -9,8 +9,8 @@ from conftest import ROOT, SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq import textprep as tp
-from deepnet_fairseq.setups import langid, report
-from deepnet_fairseq.setups.evaluate import bleu
+from deepnet_setups import langid, report
+from deepnet_setups.evaluate import bleu
 
 
 def opus_layout(tmp, n_train=6000, n_test=100):
@@ -136,7 +136,7 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     import numpy as np
 
     from deepnet_fairseq import translate
-    from deepnet_fairseq.setups import evaluate
+    from deepnet_setups import evaluate
 
     run_dir, work = opus["run"], opus["tmp"] / "work"
     rows = {r["direction"]: r for r in csv.DictReader((run_dir / "eval/bleu.csv").open())}

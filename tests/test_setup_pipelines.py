@@ -15,7 +15,7 @@ from conftest import IWSLT_DATA, ROOT, SCRIPTS, run
 
 from deepnet_fairseq.models.deepnorm import deepnorm_constants
 from deepnet_fairseq import textprep as tp
-from deepnet_fairseq.setups.evaluate import bleu
+from deepnet_setups.evaluate import bleu
 
 TINY = ["model.embed_dim=64", "model.ffn_dim=128", "model.heads=2", "model.share_all_embeddings=true",
         "model.share_decoder_input_output_embed=false", "train.dropout=0.0", "train.log_interval=50",

@@ -8,7 +8,7 @@ from conftest import SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq import textprep as tp
-from deepnet_fairseq.setups.evaluate import bleu
+from deepnet_setups.evaluate import bleu
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
-from deepnet_fairseq.synthetic import write_reverse_map_task
+from deepnet_experiments.synthetic import write_reverse_map_task
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from argparse import Namespace
 import pytest
 
 from conftest import ROOT, run
-from deepnet_fairseq.diagnostics import stability_map as smap
+from deepnet_experiments import stability_map as smap
 
 RULE = Namespace(stall_margin=0.5, min_src_dep=0.25)
 
@@ -88,9 +88,9 @@ def test_committed_map_backs_the_documented_counts():
 
 
 def test_plateau_runs_a_cell_with_every_hook_and_plots_what_it_shows(multi30k_bin, tmp_path):
-    from deepnet_fairseq.diagnostics import plateau
+    from deepnet_experiments import plateau
 
-    proc = run([ROOT / ".venv" / "bin" / "python", "-m", "deepnet_fairseq.diagnostics.plateau", "--data", multi30k_bin,
+    proc = run([ROOT / ".venv" / "bin" / "python", "-m", "deepnet_experiments.plateau", "--data", multi30k_bin,
                 "--out", tmp_path, "--methods", "deepnet", "--depth", "1", "--lrs", "1e-3", "--updates", "4",
                 "--probe-every", "2", "--figure", tmp_path / "plateau.png", "--csv", tmp_path / "plateau.csv"], cwd=ROOT)
     for quantity in ("src_dep (bits/token)", "cross-attention / residual", "gradient share of cross-attention",

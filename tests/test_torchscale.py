@@ -219,7 +219,7 @@ def test_torchscale_betas():
 def test_setup_extra_args_reach_the_model(capsys):
     """The setups' ``train.extra_args`` puts the flag on the fairseq-train command; fairseq's parser takes it
     to the model."""
-    from deepnet_fairseq.setups import launch
+    from deepnet_setups import launch
     from fairseq import options
     from fairseq.models import ARCH_MODEL_REGISTRY
 

@@ -1,4 +1,4 @@
-"""The zero-shot study's script (deepnet_fairseq/setups/zero_shot_study.py) without training: its raw layout of
+"""The zero-shot study's script (deepnet_experiments/zero_shot_study.py) without training: its raw layout of
 the shared Multi30k, its commands, and its summary over seeds from evaluation records."""
 
 import csv
@@ -7,7 +7,7 @@ import math
 import pytest
 from conftest import SHARED_DATA
 
-from deepnet_fairseq.setups import zero_shot_study as study
+from deepnet_experiments import zero_shot_study as study
 
 
 def test_opus_layout_of_multi30k_is_three_way_parallel(tmp_path):

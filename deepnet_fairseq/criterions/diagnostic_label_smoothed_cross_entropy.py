@@ -44,7 +44,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from ..diagnostics.monitors import (
+from ..instrumentation.monitors import (
     DivergenceError,
     GradNormMonitor,
     MinimumLossScale,
@@ -54,7 +54,7 @@ from ..diagnostics.monitors import (
     locate_divergence,
     source_dependence,
 )
-from ..diagnostics.sublayers import unwrap
+from ..instrumentation.sublayers import unwrap
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,9 @@ Each layer keeps its alpha as a (persistent) buffer: checkpoints record the cons
 trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model of the same shape.
 """
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
@@ -40,6 +41,7 @@ from .layers import LayerClassDecoder, LayerClassEncoder, wrap_layer
 from .sizes import register_size_variants
 
 logger = logging.getLogger(__name__)
+DEEPNORM_LOG_PREFIX = "deepnorm constants: "  # the launcher reads the JSON after it
 
 DEEPNORM_INIT_CHOICES = ChoiceEnum(list(GAINS_OF_INIT))
 
@@ -192,6 +194,9 @@ class DeepNetTransformerModel(LayerClassTransformerModel):
         parse_gains(cfg.deepnorm_gains)  # and the ablation's gains
         logger.info(f"{constants.describe()} ({cfg.deepnorm_init} init"
                     + (f"; gains {cfg.deepnorm_gains}" if cfg.deepnorm_gains else "") + ")")
+        # full precision, for the run records (deepnet_setups.launch.TrainLogStats)
+        logger.info(DEEPNORM_LOG_PREFIX + json.dumps({**asdict(constants), "init": cfg.deepnorm_init,
+                                                      "gains": cfg.deepnorm_gains or None}))
 
 
 def deepnet_defaults(args):

@@ -36,7 +36,7 @@ import math
 import torch
 from fairseq.distributed import utils as distributed_utils
 
-from ..diagnostics.monitors import DivergenceError, MinimumLossScale, describe_nonfinite
+from ..instrumentation.monitors import DivergenceError, MinimumLossScale, describe_nonfinite
 
 logger = logging.getLogger(__name__)
 

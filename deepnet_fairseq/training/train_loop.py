@@ -31,7 +31,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.trainer import Trainer
 
 from . import lost_rank, preemption, rollback, safe_save
-from ..diagnostics.monitors import DivergenceError
+from ..instrumentation.monitors import DivergenceError
 
 logger = logging.getLogger(__name__)
 

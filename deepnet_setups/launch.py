@@ -1,6 +1,6 @@
 """Stage 3: build and run the ``fairseq-train`` command of a setup (one GPU, many GPUs, many nodes, CPU).
 
-    python -m deepnet_fairseq.setups.launch CONFIG [key=value ...] --arch deepnet --layers 18,18 \
+    python -m deepnet_setups.launch CONFIG [key=value ...] --arch deepnet --layers 18,18 \
         [--gpus G] [--nodes N --node-rank R --master-addr HOST] [--cpu --procs P] [--dry-run]
 
 Every hyperparameter comes from the config. ``--update-freq`` is derived so that
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .config import ConfigError, load
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # --user-dir
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "deepnet_fairseq"  # --user-dir
 BIN_DIR = Path(sys.executable).parent
 ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
 # fairseq's own Post-LN architecture for each size variant of deepnet_fairseq.models.sizes
@@ -197,7 +197,7 @@ def launch_commands(opts, fairseq_args):
     per_node = opts.procs if opts.cpu else opts.gpus
     if opts.nodes == 1 and per_node == 1:
         return [[fairseq_train] + fairseq_args]
-    cpu_worker = ["-m", "deepnet_fairseq.setups.cpu_worker"]  # fairseq-train on CPU, rank from the launcher
+    cpu_worker = ["-m", "deepnet_setups.cpu_worker"]  # fairseq-train on CPU, rank from the launcher
     if opts.launcher == "slurm":  # one task per process; fairseq (cpu_worker on CPU) reads SLURM's environment
         program = [sys.executable, *cpu_worker] if opts.cpu else [f"--gpus-per-node={per_node}", fairseq_train]
         return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", *program]
@@ -216,6 +216,20 @@ _JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
 DIVERGENCE_MARKERS = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
 
 
+DEEPNORM_LOG = re.compile(r"deepnorm constants: (\{.*\})\s*$")  # models/deepnet_transformer.py's line
+
+
+def deepnorm_from_log(path):
+    """The DeepNorm constants (and init) a run trained with, from the last such line of its train.log."""
+    found = None
+    if Path(path).exists():
+        with open(path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                match = DEEPNORM_LOG.search(line)
+                found = json.loads(match.group(1)) if match else found
+    return found
+
+
 class TrainLogStats:
     """What the run record needs from fairseq-train's ``--log-format json`` output, read line by line.
 
@@ -225,12 +239,16 @@ class TrainLogStats:
 
     def __init__(self):
         self.stats = {"final_loss": None, "valid_loss": None, "updates": None}
+        self.deepnorm = None  # the constants the model logged at build: overrides and init included
         self.divergence_message = False
         self.preempted = False
 
     def feed(self, line):
         self.divergence_message |= any(m in line for m in DIVERGENCE_MARKERS)
         self.preempted |= PREEMPTED_MARKER in line
+        constants = DEEPNORM_LOG.search(line)
+        if constants:
+            self.deepnorm = json.loads(constants.group(1))
         match = _JSON_LOG.search(line)
         if not match:
             return
@@ -247,21 +265,6 @@ class TrainLogStats:
         loss = self.stats["final_loss"]
         blown = loss is not None and not math.isfinite(loss)
         return blown or (returncode != 0 and self.divergence_message)
-
-
-def deepnorm_record(arch, layers, extra_args=()):
-    """The DeepNorm constants the run trains with (``--deepnorm-init`` in train.extra_args chooses the betas)."""
-    if arch != "deepnet":
-        return None
-    init = deepnorm_init(extra_args)
-    from dataclasses import asdict
-
-    # models/deepnorm.py (the formulas' one home) is plain Python; loaded by its path, it comes without
-    # models/__init__.py, which imports fairseq and every architecture into this front end
-    spec = importlib.util.spec_from_file_location("deepnorm_formulas", PACKAGE_DIR / "models" / "deepnorm.py")
-    deepnorm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(deepnorm)
-    return asdict(deepnorm.deepnorm_constants(*layers, init=init))
 
 
 def deepnorm_init(extra_args):
@@ -415,7 +418,7 @@ def main(argv=None):
         returncode = run(cmds[0], log, env, log_stats.feed, forward_as=signal.SIGTERM if torchrun else None)
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
-                  "decoder_layers": layers[1], "deepnorm": deepnorm_record(opts.arch, layers, cfg["train"]["extra_args"]),
+                  "decoder_layers": layers[1], "deepnorm": log_stats.deepnorm,
                   "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
                   "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,

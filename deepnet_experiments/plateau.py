@@ -1,6 +1,6 @@
 """What keeps a model on the source-ignoring plateau: a few stability-map cells rerun with every hook.
 
-    python -m deepnet_fairseq.diagnostics.plateau --data BIN --out DIR [--methods deepnet,preln]
+    python -m deepnet_experiments.plateau --data BIN --out DIR [--methods deepnet,preln]
         [--depth 6] [--lrs 1e-3,4e-3] [--warmup 100] [--updates 400] [--figure docs/figures/plateau.png]
 
 Each run is the stability map's cell (``stability_map.run_cell``: same data, shape, seed and batches)
@@ -17,21 +17,15 @@ import math
 import sys
 from pathlib import Path
 
-if __package__:
-    from . import stability_map, sweep
-    from .figures import read_curves
-    from .plots import save_figure
-else:
-    import stability_map
-    import sweep
-    from figures import read_curves
-    from plots import save_figure
+from . import stability_map, sweep
+from .figures import read_curves
+from .plots import save_figure
 
 HOOKS = ["--diag-grad-norms", "--diag-ln-inputs"]
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m deepnet_fairseq.diagnostics.plateau", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m deepnet_experiments.plateau", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="binarised data (the stability map's)")
     p.add_argument("--out", required=True, help="work folder (finished runs are kept and skipped)")

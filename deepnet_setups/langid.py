@@ -1,6 +1,6 @@
 """Target-language accuracy: which language a multilingual model's hypotheses are in (off-target output).
 
-    python -m deepnet_fairseq.setups.langid --flores ../shared/data/flores200_devtest [--compare lingua]
+    python -m deepnet_setups.langid --flores ../shared/data/flores200_devtest [--compare lingua]
 
 The identifier is py3langid (a maintained fork of langid.py: a naive Bayes model over byte n-grams,
 140 language labels, whose model ships inside its PyPI package; nothing is downloaded at run time). In an
@@ -201,7 +201,7 @@ def compare(flores, identifiers=("py3langid",)):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.setups.langid", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m deepnet_setups.langid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flores", required=True, help="folder with FLORES-200 devtest.<eng|deu|fra|...> files")
     parser.add_argument("--compare", action="append", default=[], choices=["lingua"],

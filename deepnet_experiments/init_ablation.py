@@ -1,6 +1,6 @@
 """Which part of DeepNet's init silences the source, and what each fix costs the update bound.
 
-    python -m deepnet_fairseq.diagnostics.init_ablation --out DIR [--variants paper,cross_attn,...]
+    python -m deepnet_experiments.init_ablation --out DIR [--variants paper,cross_attn,...]
         [--depths 6,18,50,100] [--jobs 2] [--csv docs/figures/init_ablation.csv]
 
 Each variant is DeepNet with one group of the paper's beta-scaled weights left at Xavier gain 1
@@ -26,15 +26,7 @@ from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from deepnet_fairseq.models.deepnorm import deepnorm_constants
-
-if __package__:
-    from . import figures, plateau, stability_map, sweep
-else:  # run as a file
-    import figures
-    import plateau
-    import stability_map
-    import sweep
+from . import figures, plateau, stability_map, sweep
 
 # name -> (label, arch, extra fairseq-train arguments, or a function of the depth giving them);
 # "postln" is the bound's reference only
@@ -53,18 +45,26 @@ VARIANTS = {
     "cross_attn_first": ("first layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
                          ["--deepnorm-gains", "decoder_cross_attn[0]=1"]),
     "encoder_beta_quarter": ("encoder beta a quarter of the paper's", "deepnet_transformer_iwslt_de_en",
-                             lambda depth: ["--deepnorm-encoder-beta",
-                                            f"{deepnorm_constants(depth, depth).encoder_beta / 4:.6f}"]),
+                             lambda depth: ["--deepnorm-encoder-beta", f"{quarter_encoder_beta(depth):.6f}"]),
     "source": ("--deepnorm-init source (both: encoder beta / 4, last layer's cross-attn at gain 1)",
                "deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "source"]),
 }
+
+
+def quarter_encoder_beta(depth):
+    # the formulas' one home is in the plugin, whose import loads fairseq: only when this variant runs
+    from deepnet_fairseq.models.deepnorm import deepnorm_constants
+
+    return deepnorm_constants(depth, depth).encoder_beta / 4
+
+
 SOURCE_CELL = dict(depth=18, lr=2e-3, warmup=100, updates=400, probe_every=50)
 SOURCE_MARKS = (50, 100, 200, 350)  # probed before updates 51, ..., 351: the last probe of a 400-update run
 BOUND = dict(updates=51, probe_every=5, pairs=3000)  # the probe before update 51 sees 50 updates
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m deepnet_fairseq.diagnostics.init_ablation", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m deepnet_experiments.init_ablation", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="work folder (finished runs are kept and skipped)")
     p.add_argument("--raw-dir", default=str(sweep.DEFAULT_RAW), help="raw Multi30k de-en (default: %(default)s)")

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 USER_DIR = ROOT / "deepnet_fairseq"
 BIN = Path(sys.executable).parent
 DEFAULT_RAW = ROOT.parent / "shared" / "data" / "multi30k_de_en"
@@ -239,10 +239,7 @@ def main(argv=None):
         with open(out / "runs" / f"{a}_L{d}_s{s}" / "curves.csv", newline="") as f:
             rows.extend(csv.reader(f))
     write_csv(out / "curves.csv", ["arch", "depth", "seed", "update", "metric", "value"], rows)
-    if __package__:
-        from .plots import plot_all
-    else:  # run as a file by scripts/depth_sweep.sh, which keeps the package's heavy imports out of --help
-        from plots import plot_all
+    from .plots import plot_all  # matplotlib: only once there is something to plot
     for path in plot_all(out / "runs.csv", out / "curves.csv", out, args.warmup):
         print(f"wrote {path}")
     print(f"depth_sweep: {len(grid)} runs in {time.time() - start:.0f} s; wrote {out / 'runs.csv'}, {out / 'curves.csv'}")

@@ -7,9 +7,9 @@ from fairseq's recipes), so "what is assumed" is machine-readable. Any value can
 
 Command line (the shell scripts use this)::
 
-    python -m deepnet_fairseq.setups.config CONFIG [key=value ...] --get train.lr
-    python -m deepnet_fairseq.setups.config CONFIG [key=value ...] --shell   # cfg_train_lr=0.0005 ...
-    python -m deepnet_fairseq.setups.config CONFIG [key=value ...] --dump    # resolved YAML
+    python -m deepnet_setups.config CONFIG [key=value ...] --get train.lr
+    python -m deepnet_setups.config CONFIG [key=value ...] --shell   # cfg_train_lr=0.0005 ...
+    python -m deepnet_setups.config CONFIG [key=value ...] --dump    # resolved YAML
 """
 
 import argparse
@@ -351,7 +351,7 @@ def format_value(value):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.setups.config", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m deepnet_setups.config", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="section.key=value")

@@ -1,6 +1,6 @@
 """Turn run records (``paths.results``, one JSON object per line) into the paper's kind of tables.
 
-    python -m deepnet_fairseq.setups.report RESULTS.jsonl [...] [--out-dir DIR]
+    python -m deepnet_setups.report RESULTS.jsonl [...] [--out-dir DIR]
 
 For every setup: a table of BLEU with one row per architecture and one column per depth (the
 latest evaluation of each run; "diverged" where training diverged; multilingual evaluations add the

@@ -1,6 +1,6 @@
 """Stage 4: average the last K checkpoints, translate the test set, score it with the setup's metric.
 
-    python -m deepnet_fairseq.setups.evaluate CONFIG [key=value ...] --arch deepnet --layers 18,18 [--run-dir DIR]
+    python -m deepnet_setups.evaluate CONFIG [key=value ...] --arch deepnet --layers 18,18 [--run-dir DIR]
 
 Metrics (``eval.metric``):
   tok_bleu             IWSLT-14: fairseq's BLEU (= multi-bleu) on BPE-removed, tokenised text
@@ -22,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from .. import textprep as tp
+from deepnet_fairseq import textprep as tp
 from . import langid
-from ..average import average_checkpoints, last_checkpoints
+from deepnet_fairseq.average import average_checkpoints, last_checkpoints
 from .config import ConfigError, load
-from .launch import (BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_record, fairseq_arch, parse_layers,
+from .launch import (BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_from_log, fairseq_arch, parse_layers,
                      run_dir, run_settings)
 
 
@@ -107,8 +107,8 @@ ENGINES = ("fairseq", "ctranslate2", "ctranslate2_int8")
 def ctranslate2_translator(cfg, checkpoint, out, engine):
     """``--engine ctranslate2[_int8]``: the checkpoint exported to ``<run>/eval/<engine>/``
     (deepnet_fairseq.export; int8 weights for ``ctranslate2_int8``) as a translator."""
-    from ..export import ExportError, read_checkpoint, to_ctranslate2, to_plain_fairseq
-    from ..translate import DeployedTranslator
+    from deepnet_fairseq.export import ExportError, read_checkpoint, to_ctranslate2, to_plain_fairseq
+    from deepnet_fairseq.translate import DeployedTranslator
 
     quantization = "int8" if engine == "ctranslate2_int8" else None
     try:
@@ -346,8 +346,7 @@ def main(argv=None):
             result = evaluate_bilingual(cfg, averaged, cpu, out, opts.engine)
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
                        "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
-                       "deepnorm": deepnorm_record(arch, layers, train_cfg.get("train", {}).get("extra_args", ()))
-                       if layers else None,
+                       "deepnorm": deepnorm_from_log(folder / "train.log"),
                        "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
                        "run_dir": str(folder), "wall_time_s": round(time.time() - start, 1),
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -29,12 +29,8 @@ from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-if __package__:
-    from . import sweep
-    from .plots import save_figure
-else:  # run as a file by scripts/figures.sh
-    import sweep
-    from plots import save_figure
+from . import sweep
+from .plots import save_figure
 
 PAPER_SCHEDULE = dict(lr=5e-4, warmup=4000)  # IWSLT-14 (fairseq's recipe; DeepNet Section 5)
 FULL = dict(depths=(6, 18, 50, 100), updates=200, probe_every=5, fig3_depth=18, pairs=3000)

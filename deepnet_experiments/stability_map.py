@@ -31,14 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__:
-    from . import sweep
-    from .figures import read_curves
-    from .plots import save_figure
-else:  # run as a file by scripts/stability_map.sh
-    import sweep
-    from figures import read_curves
-    from plots import save_figure
+from . import sweep
+from .figures import read_curves
+from .plots import save_figure
 
 ROOT = sweep.ROOT
 # method -> (registered arch, extra fairseq-train arguments)

@@ -2,7 +2,7 @@
 
 Trains Post-LN (fairseq's ``transformer``), Pre-LN and DeepNet at the same depth, learning rate,
 warm-up and seed through the real ``fairseq-train``, on the package's reverse-and-map task
-(``deepnet_fairseq/synthetic.py``: reverse a sentence of 3-10 words and translate every word through
+(``deepnet_experiments/synthetic.py``: reverse a sentence of 3-10 words and translate every word through
 a fixed 16-word lexicon) or, with ``--raw-dir``, on real parallel text. It prints one line per model
 and a table, and writes ``OUT/comparison.{txt,png}`` and ``OUT/summary.json``: the final training
 loss (bits per token as fairseq logs it, mean of the last 10 updates), whether training diverged, and the held-out score
@@ -20,19 +20,19 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .diagnostics.sweep import diverged_reason, parse_log
+from .sweep import diverged_reason, parse_log
 from .synthetic import write_reverse_map_task
 
 ARCHS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}
 BIN = Path(sys.executable).parent
-USER_DIR = Path(__file__).resolve().parent
+USER_DIR = Path(__file__).resolve().parents[1] / "deepnet_fairseq"
 SHAPE = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
          "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
 TASK_VOCAB, TASK_LENGTHS = 16, (3, 10)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m deepnet_fairseq.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m deepnet_experiments.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--raw-dir", help="real parallel text instead of the embedded task: DIR/train.SRC, DIR/train.TGT, "
                                      "DIR/valid.SRC, DIR/valid.TGT (e.g. ../shared/data/multi30k_de_en)")

@@ -1,7 +1,7 @@
 """Stages 1-2 of every setup: raw text -> tokenised/segmented text -> fairseq binary data.
 
-    python -m deepnet_fairseq.setups.prepare CONFIG [key=value ...] --stage text [--raw-dir DIR]
-    python -m deepnet_fairseq.setups.prepare CONFIG [key=value ...] --stage binarize
+    python -m deepnet_setups.prepare CONFIG [key=value ...] --stage text [--raw-dir DIR]
+    python -m deepnet_setups.prepare CONFIG [key=value ...] --stage binarize
 
 Work folder (``paths.work``)::
 
@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .. import textprep as tp
+from deepnet_fairseq import textprep as tp
 from .config import ConfigError, load
 
 FAIRSEQ_BIN = Path(sys.executable).parent
@@ -327,7 +327,7 @@ def binarize_multilingual(cfg, work, workers, dry_run=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.setups.prepare", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m deepnet_setups.prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="section.key=value")

@@ -2,7 +2,7 @@
 with each diagnostic off and on, on the same batches. CPU time of this process (not wall time), so
 other work on a shared machine does not count; rounds are interleaved and the median taken.
 
-    python -m deepnet_fairseq.diagnostics.overhead BIN_DIR [--arch A] [--depth 6] [--updates 8] [--rounds 3]
+    python -m deepnet_experiments.overhead BIN_DIR [--arch A] [--depth 6] [--updates 8] [--rounds 3]
 """
 
 import argparse
@@ -27,7 +27,7 @@ def build(data, arch, depth, options, max_tokens):
     from fairseq import options as fairseq_options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from deepnet_fairseq.diagnostics.sweep import USER_DIR
+    from deepnet_experiments.sweep import USER_DIR
 
     parser = fairseq_options.get_training_parser()
     args = fairseq_options.parse_args_and_arch(parser, [

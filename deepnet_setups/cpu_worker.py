@@ -1,5 +1,5 @@
 """``fairseq-train`` as one CPU process of a distributed run: started by torchrun
-(``torchrun -m deepnet_fairseq.setups.cpu_worker ARGS``) or as one SLURM task (``srun python -m ...``).
+(``torchrun -m deepnet_setups.cpu_worker ARGS``) or as one SLURM task (``srun python -m ...``).
 
 fairseq reads torchrun's and SLURM's environment by itself only with CUDA (it takes the rank modulo
 the GPU count, or counts GPUs per node), so on CPU each process passes its rank and the rendezvous

@@ -2,7 +2,7 @@
 shared Multi30k (de<->en, en<->fr), tested on the three-way parallel test2016 in all six directions,
 zero-shot de<->fr included: sacreBLEU and target-language accuracy, with the spread over seeds.
 
-    python -m deepnet_fairseq.setups.zero_shot_study [--archs postln,preln,deepnet,deepnet_source] [--layers 6,6 ...]
+    python -m deepnet_experiments.zero_shot_study [--archs postln,preln,deepnet,deepnet_source] [--layers 6,6 ...]
         [--seeds 1,2,3] [--stages 1500,3000,4500] [--work DIR] [--runs DIR] [--out DIR] [--dry-run]
         [--summary-only] [key=value ...]
 
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 CONFIG = ROOT / "configs" / "opus100.yaml"
 # study variant -> (the setups' --arch, train.extra_args); a run's folder is named after its variant
@@ -231,7 +231,7 @@ def csv_list(text, kind=str):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m deepnet_fairseq.setups.zero_shot_study", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m deepnet_experiments.zero_shot_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="section.key=value for every stage (after the study's own)")
     parser.add_argument("--archs", default="postln,preln,deepnet", help=f"of {', '.join(ARCHS)}")
@@ -298,7 +298,7 @@ def main(argv=None):
             raise StudyError(f"{results}: no evaluation records of the study")
         print((out / "results.md").read_text(encoding="utf-8"))
         (out / "commands.txt").write_text(
-            "python -m deepnet_fairseq.setups.zero_shot_study " + " ".join(shlex.quote(a) for a in (
+            "python -m deepnet_experiments.zero_shot_study " + " ".join(shlex.quote(a) for a in (
                 argv if argv is not None else sys.argv[1:])) + "\n\n" +
             ((runs / "commands.txt").read_text(encoding="utf-8") if (runs / "commands.txt").exists() else ""))
     except StudyError as err:

@@ -1,1 +1,0 @@
-"""Training-stability diagnostics: sublayer naming, hook-based monitors, the depth sweep and its plots."""

@@ -1,0 +1,1 @@
+"""Training-stability instrumentation that fairseq loads: sublayer naming and the hook-based monitors."""
