@@ -20,7 +20,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .sweep import diverged_reason, parse_log
+from deepnet_setups.runner import diverged_reason, parse_log
 from .synthetic import write_reverse_map_task
 
 ARCHS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from deepnet_setups import runner
+
 from . import sweep
 from .figures import read_curves
 from .plots import save_figure
@@ -197,7 +199,7 @@ def main(argv=None):
 
 
 def valid_nll_of(run_dir):
-    _, valid = sweep.parse_log((run_dir / "train.log").read_text(errors="replace"))
+    _, valid = runner.parse_log((run_dir / "train.log").read_text(errors="replace"))
     return float(valid["valid_nll_loss"]) if valid and "valid_nll_loss" in valid else math.nan
 
 

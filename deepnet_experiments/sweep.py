@@ -9,7 +9,6 @@ the update norm every update, divergence guard on) and logs JSON every update. F
 import argparse
 import csv
 import json
-import math
 import os
 import re
 import shutil
@@ -18,6 +17,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from deepnet_setups.runner import diverged_reason, parse_log
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_DIR = ROOT / "deepnet_fairseq"
@@ -32,7 +33,6 @@ RUN_FIELDS = ["arch", "depth", "seed", "updates", "final_train_loss", "valid_los
 # every diagnostic, every update; a caller may pass a leaner list as ``args.diag``
 ALL_DIAGNOSTICS = ("--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard")
 CURVE_METRICS = ("loss", "nll_loss", "gnorm", "update_norm", "src_dep")  # and every gnorm_/lnin_/xattn_ metric
-LOG_LINE = re.compile(r"\| (train_inner|valid|train) \| (\{.*\})\s*$")
 
 
 def parse_list(text, kind, option):
@@ -119,36 +119,6 @@ def build_default_data(out, pairs):
     tmp.rename(dest)
     (dest / ".done").touch()
     return dest / "bin"
-
-
-def parse_log(text):
-    """(per-update train records, last valid record, end-of-epoch train record) from a JSON-format log."""
-    inner, valid = [], None
-    for line in text.splitlines():
-        m = LOG_LINE.search(line)
-        if not m:
-            continue
-        record = json.loads(m.group(2))
-        if m.group(1) == "train_inner":
-            inner.append(record)
-        elif m.group(1) == "valid":
-            valid = record
-    return inner, valid
-
-
-def diverged_reason(text, inner, rc):
-    m = re.search(r"DivergenceError: (.*)", text)
-    if m:
-        return m.group(1).strip()
-    if "FloatingPointError" in text:
-        return "non-finite gradients (fairseq FloatingPointError)"
-    if rc != 0:
-        last = [l for l in text.splitlines() if l.strip()][-1:] or ["?"]
-        return f"exit code {rc}: {last[0][:200]}"
-    losses = [float(r["loss"]) for r in inner if "loss" in r]
-    if losses and not all(math.isfinite(v) for v in losses):
-        return "non-finite loss"
-    return ""
 
 
 def schedule(warmup):

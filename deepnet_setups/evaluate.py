@@ -26,8 +26,8 @@ from deepnet_fairseq import textprep as tp
 from . import langid
 from deepnet_fairseq.average import average_checkpoints, last_checkpoints
 from .config import ConfigError, load
-from .launch import (BIN_DIR, PACKAGE_DIR, LaunchError, append_record, deepnorm_from_log, fairseq_arch, parse_layers,
-                     run_dir, run_settings)
+from .launch import LaunchError, fairseq_arch, parse_layers, run_dir, run_settings
+from .runner import BIN_DIR, USER_DIR, append_record, deepnorm_from_log
 
 
 def bleu(hyps, refs, tokenize, lowercase=False):
@@ -41,7 +41,7 @@ def bleu(hyps, refs, tokenize, lowercase=False):
 def generate_args(cfg, checkpoint, gen_args, cpu, plugin=True):
     """fairseq-generate's arguments (with ``--user-dir deepnet_fairseq`` unless ``plugin`` is False)."""
     ev = cfg["eval"]
-    return [str(Path(cfg["paths"]["work"]) / "bin")] + (["--user-dir", str(PACKAGE_DIR)] if plugin else []) + [
+    return [str(Path(cfg["paths"]["work"]) / "bin")] + (["--user-dir", str(USER_DIR)] if plugin else []) + [
             "--path", str(checkpoint),
             "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
             "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"]),

@@ -18,9 +18,7 @@ exits with 75 too and, under SLURM (``SLURM_JOB_ID`` set), first requeues the jo
 import argparse
 import importlib.util
 import json
-import math
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -29,9 +27,8 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, load
+from .runner import BIN_DIR, PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, run
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "deepnet_fairseq"  # --user-dir
-BIN_DIR = Path(sys.executable).parent
 ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
 # fairseq's own Post-LN architecture for each size variant of deepnet_fairseq.models.sizes
 POSTLN_ARCHS = {"": "transformer", "iwslt_de_en": "transformer_iwslt_de_en", "wmt_en_de": "transformer_wmt_en_de",
@@ -39,9 +36,6 @@ POSTLN_ARCHS = {"": "transformer", "iwslt_de_en": "transformer_iwslt_de_en", "wm
                 "m2m_102": "transformer_vaswani_wmt_en_de_big"}
 
 
-PREEMPTED_EXIT_STATUS = 75  # = training.preemption.PREEMPTED_EXIT_STATUS (this front end imports no fairseq)
-PREEMPTED_MARKER = f"exiting with status {PREEMPTED_EXIT_STATUS}"  # fairseq-train's one line (train_loop.py)
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 class LaunchError(ValueError):
@@ -115,7 +109,7 @@ def run_dir(cfg, arch, layers):
 def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir):
     """fairseq-train's options (without the program name) for this setup, arch and depth."""
     data, model, train = cfg["data"], cfg["model"], cfg["train"]
-    args = [Path(cfg["paths"]["work"]) / "bin", "--user-dir", PACKAGE_DIR,
+    args = [Path(cfg["paths"]["work"]) / "bin", "--user-dir", USER_DIR,
             "--arch", fairseq_arch(arch, model["size"]),
             "--encoder-layers", layers[0], "--decoder-layers", layers[1]]
     for key, options in (("embed_dim", ("--encoder-embed-dim", "--decoder-embed-dim")),
@@ -210,63 +204,6 @@ def launch_commands(opts, fairseq_args):
             for rank in ranks]
 
 
-# -- the run record ----------------------------------------------------------------------------
-
-_JSON_LOG = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
-DIVERGENCE_MARKERS = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
-
-
-DEEPNORM_LOG = re.compile(r"deepnorm constants: (\{.*\})\s*$")  # models/deepnet_transformer.py's line
-
-
-def deepnorm_from_log(path):
-    """The DeepNorm constants (and init) a run trained with, from the last such line of its train.log."""
-    found = None
-    if Path(path).exists():
-        with open(path, encoding="utf-8", errors="replace") as log:
-            for line in log:
-                match = DEEPNORM_LOG.search(line)
-                found = json.loads(match.group(1)) if match else found
-    return found
-
-
-class TrainLogStats:
-    """What the run record needs from fairseq-train's ``--log-format json`` output, read line by line.
-
-    Keeps the last train/valid loss, the update count and whether a divergence message was seen;
-    never the output itself.
-    """
-
-    def __init__(self):
-        self.stats = {"final_loss": None, "valid_loss": None, "updates": None}
-        self.deepnorm = None  # the constants the model logged at build: overrides and init included
-        self.divergence_message = False
-        self.preempted = False
-
-    def feed(self, line):
-        self.divergence_message |= any(m in line for m in DIVERGENCE_MARKERS)
-        self.preempted |= PREEMPTED_MARKER in line
-        constants = DEEPNORM_LOG.search(line)
-        if constants:
-            self.deepnorm = json.loads(constants.group(1))
-        match = _JSON_LOG.search(line)
-        if not match:
-            return
-        tag, stats = match.group(1), json.loads(match.group(2))
-        if tag == "train_inner":
-            self.stats["final_loss"], self.stats["updates"] = float(stats["loss"]), int(float(stats["num_updates"]))
-        elif tag == "train":
-            self.stats["final_loss"] = float(stats["train_loss"])
-            self.stats["updates"] = int(float(stats["train_num_updates"]))
-        else:
-            self.stats["valid_loss"] = float(stats["valid_loss"])
-
-    def diverged(self, returncode):
-        loss = self.stats["final_loss"]
-        blown = loss is not None and not math.isfinite(loss)
-        return blown or (returncode != 0 and self.divergence_message)
-
-
 def deepnorm_init(extra_args):
     """The ``--deepnorm-init`` name in train.extra_args (fairseq's default, ``paper``, if absent)."""
     extra = [str(a) for a in extra_args]
@@ -281,39 +218,6 @@ def run_settings(cfg):
     data = {key: cfg["data"][key] for key in ("train", "valid", "test", "lang_pairs") if cfg["data"].get(key)}
     return {"deepnorm_init": deepnorm_init(cfg["train"]["extra_args"]),
             "settings": {"data": {**data, "work": cfg["paths"]["work"]}, "model": cfg["model"], "train": cfg["train"]}}
-
-
-def append_record(path, record):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
-
-
-def run(cmd, log_path, env, on_line=None, forward_as=None):
-    """Run ``cmd``, echoing each output line and appending it to ``log_path`` as it comes (flushed, so
-    ``tail -f`` follows the run and a killed launcher loses nothing); ``on_line(line)`` sees every line.
-    SIGUSR1 and SIGTERM sent to the launcher go on to ``cmd`` (as ``forward_as`` if given). Returns the
-    exit status."""
-    with open(log_path, "a", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(forward_as or signum))
-                    for sig in FORWARDED_SIGNALS}
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                if on_line is not None:
-                    on_line(line)
-        except KeyboardInterrupt:
-            proc.terminate()
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return proc.wait()
 
 
 def requeue_if_preempted(returncode, log_stats, env, node_rank=0):

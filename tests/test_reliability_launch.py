@@ -10,7 +10,7 @@ import time
 
 from conftest import ROOT
 
-from deepnet_setups import launch
+from deepnet_setups import runner
 
 # a stand-in for fairseq-train: 5 per-update json lines (far below any write buffer), then a long update
 FAKE_TRAIN = textwrap.dedent("""
@@ -20,7 +20,7 @@ FAKE_TRAIN = textwrap.dedent("""
         sys.stdout.flush()
     time.sleep(300)
 """)
-RUNNER = "import sys; from deepnet_setups import launch; launch.run(sys.argv[2:], sys.argv[1], None)"
+RUNNER = "import sys; from deepnet_setups import runner; runner.run(sys.argv[2:], sys.argv[1], None)"
 
 
 def logged_updates(path):
@@ -45,7 +45,7 @@ def test_train_log_is_written_as_the_run_goes_and_survives_a_kill_9_of_the_launc
 
 
 def test_run_record_is_read_line_by_line():
-    reader = launch.TrainLogStats()
+    reader = runner.TrainLogStats()
     lines = ['x | INFO | train_inner | {"num_updates": "10", "loss": "7.25"}\n',
              'x | INFO | valid | {"valid_loss": "6.5", "valid_num_updates": "10"}\n',
              "x | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0\n",
@@ -75,7 +75,7 @@ RECORDING_SCONTROL = '#!/usr/bin/env bash\necho "$@" >> "$(dirname "$0")/scontro
 def test_launcher_passes_a_signal_on_and_requeues_the_slurm_job_when_training_exits_75(tmp_path):
     from deepnet_fairseq.training.preemption import PREEMPTED_EXIT_STATUS
 
-    assert launch.PREEMPTED_EXIT_STATUS == PREEMPTED_EXIT_STATUS == 75
+    assert runner.PREEMPTED_EXIT_STATUS == PREEMPTED_EXIT_STATUS == 75
     bin_dir, work = tmp_path / "slurm_bin", tmp_path / "work"
     bin_dir.mkdir()
     (work / "bin").mkdir(parents=True)

@@ -194,7 +194,7 @@ class DeepNetTransformerModel(LayerClassTransformerModel):
         parse_gains(cfg.deepnorm_gains)  # and the ablation's gains
         logger.info(f"{constants.describe()} ({cfg.deepnorm_init} init"
                     + (f"; gains {cfg.deepnorm_gains}" if cfg.deepnorm_gains else "") + ")")
-        # full precision, for the run records (deepnet_setups.launch.TrainLogStats)
+        # full precision, for the run records (deepnet_setups.runner.TrainLogStats)
         logger.info(DEEPNORM_LOG_PREFIX + json.dumps({**asdict(constants), "init": cfg.deepnorm_init,
                                                       "gains": cfg.deepnorm_gains or None}))
 

@@ -16,7 +16,7 @@ import signal
 
 logger = logging.getLogger(__name__)
 
-PREEMPTED_EXIT_STATUS = 75  # sysexits.h EX_TEMPFAIL; deepnet_setups.launch.PREEMPTED_EXIT_STATUS too
+PREEMPTED_EXIT_STATUS = 75  # sysexits.h EX_TEMPFAIL; deepnet_setups.runner.PREEMPTED_EXIT_STATUS too
 DEFAULT_SIGNALS = "SIGUSR1,SIGTERM"
 
 

@@ -1,0 +1,202 @@
+"""The one way the setups and the experiments start fairseq: a command built from fairseq options,
+run with its log kept, resumable in stages, and its JSON log read back.
+
+Imports nothing of fairseq or the plugin: the drivers and the launcher start fairseq in subprocesses.
+
+    fairseq_options({"lr": 2e-3, "no_epoch_checkpoints": True})  ->  ["--lr", "0.002", "--no-epoch-checkpoints"]
+"""
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+BIN_DIR = Path(sys.executable).parent  # fairseq-train, fairseq-generate, ... of this Python
+# --user-dir: found without importing it (importing the plugin imports fairseq)
+USER_DIR = Path(find_spec("deepnet_fairseq").submodule_search_locations[0])
+PREEMPTED_EXIT_STATUS = 75  # = deepnet_fairseq.training.preemption.PREEMPTED_EXIT_STATUS
+PREEMPTED_MARKER = f"exiting with status {PREEMPTED_EXIT_STATUS}"  # fairseq-train's one line (train_loop.py)
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+# The standard small model shapes, as fairseq options. tiny: DeepNet Fig. 5's 64-128-2 (the demo, the
+# sweeps, the stability map); table: the CPU-sized small Table 1's 64-256-4 (docs/setups.md).
+SHAPES = {
+    "tiny": {"encoder_embed_dim": 64, "decoder_embed_dim": 64, "encoder_ffn_embed_dim": 128,
+             "decoder_ffn_embed_dim": 128, "encoder_attention_heads": 2, "decoder_attention_heads": 2},
+    "table": {"encoder_embed_dim": 64, "decoder_embed_dim": 64, "encoder_ffn_embed_dim": 256,
+              "decoder_ffn_embed_dim": 256, "encoder_attention_heads": 4, "decoder_attention_heads": 4},
+}
+
+
+def fairseq_options(options):
+    """fairseq's command-line form of ``{option_name: value}`` (names as in fairseq's dataclasses, with
+    underscores): True is a bare flag, False and None leave the option out, anything else is one value."""
+    args = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        args.append("--" + name.replace("_", "-"))
+        if value is not True:
+            args.append(str(value))
+    return args
+
+
+def fairseq_command(program, data, options, extra=()):
+    """``[BIN_DIR/program, data, --user-dir USER_DIR, *options..., *extra]`` as strings; ``extra`` (verbatim
+    fairseq arguments) comes last, so it wins over ``options`` as in fairseq's own parser."""
+    path = BIN_DIR / program
+    return [str(path if path.exists() else program), str(data), "--user-dir", str(USER_DIR),
+            *fairseq_options(options), *map(str, extra)]
+
+
+def child_env(**extra):
+    """The environment for a fairseq child: one thread (two busy threads on two cores run ~30x slower),
+    unbuffered output, this Python's scripts first on PATH."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               MKL_NUM_THREADS=os.environ.get("MKL_NUM_THREADS", "1"), PYTHONUNBUFFERED="1", **extra)
+    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+# -- stages: a run trained and evaluated up to S updates is marked, so a rerun skips it ----------------
+
+def stage_marker(run_dir, stage):
+    return Path(run_dir) / "eval" / f"evaluated_at_{stage}"
+
+
+def stage_done(run_dir, stage):
+    return stage_marker(run_dir, stage).exists()
+
+
+def mark_stage(run_dir, stage):
+    import time
+
+    marker = stage_marker(run_dir, stage)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+
+
+# -- the log ------------------------------------------------------------------------------------------
+
+LOG_LINE = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")  # --log-format json
+DIVERGENCE_MARKERS = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
+
+
+DEEPNORM_LOG = re.compile(r"deepnorm constants: (\{.*\})\s*$")  # models/deepnet_transformer.py's line
+
+
+def deepnorm_from_log(path):
+    """The DeepNorm constants (and init) a run trained with, from the last such line of its train.log."""
+    found = None
+    if Path(path).exists():
+        with open(path, encoding="utf-8", errors="replace") as log:
+            for line in log:
+                match = DEEPNORM_LOG.search(line)
+                found = json.loads(match.group(1)) if match else found
+    return found
+
+
+class TrainLogStats:
+    """What the run record needs from fairseq-train's ``--log-format json`` output, read line by line.
+
+    Keeps the last train/valid loss, the update count and whether a divergence message was seen;
+    never the output itself.
+    """
+
+    def __init__(self):
+        self.stats = {"final_loss": None, "valid_loss": None, "updates": None}
+        self.deepnorm = None  # the constants the model logged at build: overrides and init included
+        self.divergence_message = False
+        self.preempted = False
+
+    def feed(self, line):
+        self.divergence_message |= any(m in line for m in DIVERGENCE_MARKERS)
+        self.preempted |= PREEMPTED_MARKER in line
+        constants = DEEPNORM_LOG.search(line)
+        if constants:
+            self.deepnorm = json.loads(constants.group(1))
+        match = LOG_LINE.search(line)
+        if not match:
+            return
+        tag, stats = match.group(1), json.loads(match.group(2))
+        if tag == "train_inner":
+            self.stats["final_loss"], self.stats["updates"] = float(stats["loss"]), int(float(stats["num_updates"]))
+        elif tag == "train":
+            self.stats["final_loss"] = float(stats["train_loss"])
+            self.stats["updates"] = int(float(stats["train_num_updates"]))
+        else:
+            self.stats["valid_loss"] = float(stats["valid_loss"])
+
+    def diverged(self, returncode):
+        loss = self.stats["final_loss"]
+        blown = loss is not None and not math.isfinite(loss)
+        return blown or (returncode != 0 and self.divergence_message)
+
+
+def append_record(path, record):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def run(cmd, log_path, env, on_line=None, forward_as=None):
+    """Run ``cmd``, echoing each output line and appending it to ``log_path`` as it comes (flushed, so
+    ``tail -f`` follows the run and a killed launcher loses nothing); ``on_line(line)`` sees every line.
+    SIGUSR1 and SIGTERM sent to the launcher go on to ``cmd`` (as ``forward_as`` if given). Returns the
+    exit status."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(forward_as or signum))
+                    for sig in FORWARDED_SIGNALS}
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                if on_line is not None:
+                    on_line(line)
+        except KeyboardInterrupt:
+            proc.terminate()
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return proc.wait()
+
+
+def parse_log(text):
+    """(per-update train records, last valid record) from a ``--log-format json`` log's text."""
+    inner, valid = [], None
+    for line in text.splitlines():
+        match = LOG_LINE.search(line)
+        if not match:
+            continue
+        record = json.loads(match.group(2))
+        if match.group(1) == "train_inner":
+            inner.append(record)
+        elif match.group(1) == "valid":
+            valid = record
+    return inner, valid
+
+
+def diverged_reason(text, inner, returncode):
+    """Why a run diverged or failed ("" if it did neither), from its log text and train records."""
+    match = re.search(r"DivergenceError: (.*)", text)
+    if match:
+        return match.group(1).strip()
+    if "FloatingPointError" in text:
+        return "non-finite gradients (fairseq FloatingPointError)"
+    if returncode != 0:
+        last = [line for line in text.splitlines() if line.strip()][-1:] or ["?"]
+        return f"exit code {returncode}: {last[0][:200]}"
+    losses = [float(r["loss"]) for r in inner if "loss" in r]
+    if losses and not all(math.isfinite(v) for v in losses):
+        return "non-finite loss"
+    return ""
