@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-all clean help
+.PHONY: install demo test test-slow test-all clean help
 
 help:
 	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet at equal depth on an embedded task"
 	@echo "make test   - set up, then run the test suite (without the tests marked slow)"
-	@echo "make test-all - the same with the slow tests (a killed multilingual run resumed exactly, figures.sh --tiny, a map cell resumed, ...: ~13 min more)"
+	@echo "make test-slow - only the tests marked slow (a killed multilingual run resumed exactly, figures.sh --tiny, a map cell resumed, ...: ~13 min; CI runs them after make test)"
+	@echo "make test-all - both"
 	@echo "make install - set up $(VENV) only (idempotent)"
 
 install:
@@ -27,6 +28,9 @@ PARALLEL := -n $(shell echo $$(( $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT n
 
 test: install
 	$(PY) -m pytest -q $(PARALLEL) -m "not slow" tests $(PYTEST_ARGS)
+
+test-slow: install
+	$(PY) -m pytest -q $(PARALLEL) -m slow tests $(PYTEST_ARGS)
 
 test-all: install
 	$(PY) -m pytest -q $(PARALLEL) tests $(PYTEST_ARGS)
