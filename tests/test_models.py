@@ -167,6 +167,23 @@ def test_a_layers_own_gain_wins_over_its_groups():
     assert sublayer_gain(gains, "decoder_ffn", 0, 3, 0.2) == 0.2
 
 
+def test_the_init_table_is_the_options_one_list():
+    """``--deepnorm-init``'s choices and help come from ``DEEPNORM_INITS``; ``--deepnorm-gains`` merges over
+    the init's gains, parsed once per config."""
+    from deepnet_fairseq.models.deepnet_transformer import DeepNetConfig
+    from deepnet_fairseq.models.deepnorm import DEEPNORM_INITS
+
+    parser = options.get_training_parser()
+    ARCH_MODEL_REGISTRY["deepnet_transformer"].add_args(parser)
+    action = next(a for a in parser._actions if "--deepnorm-init" in a.option_strings)
+    assert sorted(map(str, action.choices)) == sorted(DEEPNORM_INITS)
+    assert all(init.description in action.help for init in DEEPNORM_INITS.values())
+    cfg = DeepNetConfig(deepnorm_init="source", deepnorm_gains="decoder_cross_attn[-1]=0.5,decoder_ffn=2")
+    assert cfg.sublayer_gains == {("decoder_cross_attn", -1): 0.5, ("decoder_ffn", None): 2.0}
+    assert cfg.sublayer_gains is cfg.sublayer_gains
+    assert DeepNetConfig(deepnorm_init="source").sublayer_gains == DEEPNORM_INITS["source"].gains
+
+
 def test_preln_and_postln_keep_fairseq_init():
     """The DeepNorm init is the only difference: fairseq's own init elsewhere (xavier_uniform q/k/v, gain 1/sqrt 2)."""
     model = build("preln_transformer", "--encoder-layers", 2, "--decoder-layers", 2)

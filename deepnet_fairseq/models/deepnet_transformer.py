@@ -7,17 +7,9 @@ only ``residual_connection`` changes. At build, FFN ``fc1``/``fc2`` and the atte
 keep fairseq's initialisation: the paper says nothing about them. The decoder's cross-attention uses
 the decoder's beta.
 
-``--deepnorm-init torchscale`` replaces this by the initialisation of Microsoft's torchscale 0.3.0, for
-comparisons with work that used it: PyTorch's default ``Linear`` init for every attention and FFN
-projection (weights and biases), then the value/output/FFN weights *and biases* times torchscale's beta
-(its encoder beta is 1.32x the paper's in an encoder-decoder model; ``deepnorm.py``). Differences and
-the forward equivalence with torchscale are in docs/torchscale.md.
-
-``--deepnorm-init source`` is the paper's init with the encoder's beta a quarter of the paper's and the
-last decoder layer's cross-attention ``v_proj``/``out_proj`` at gain 1, so that the decoder hears its
-source within a few hundred updates while the early update stays bounded; and
-``--deepnorm-gains GROUP[i]=GAIN,...`` sets any sublayer group's (or one layer's) gain, for ablations
-(``deepnorm.py``; the study is in docs/diagnostics.md).
+``--deepnorm-init`` names another init of ``deepnorm.DEEPNORM_INITS``, e.g. ``torchscale``, Microsoft's
+torchscale 0.3.0 (``torchscale_init_``; docs/torchscale.md), and ``--deepnorm-gains GROUP[i]=GAIN,...``
+sets any sublayer group's (or one layer's) gain, for ablations (docs/diagnostics.md).
 
 Each layer keeps its alpha as a (persistent) buffer: checkpoints record the constants they were
 trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model of the same shape.
@@ -26,6 +18,7 @@ trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model
 import json
 import logging
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
@@ -35,15 +28,13 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 import torch
 from torch import nn
 
-from .deepnorm import GAINS_OF_INIT, DeepNormConstants, deepnorm_constants, parse_gains, sublayer_gain
+from .deepnorm import DEEPNORM_INITS, DeepNormConstants, DeepNormInit, deepnorm_constants, parse_gains, sublayer_gain
 from .layer_class_model import LayerClassTransformerModel, require_post_ln
 from .layers import LayerClassDecoder, LayerClassEncoder, wrap_layer
 from .sizes import register_size_variants
 
 logger = logging.getLogger(__name__)
 DEEPNORM_LOG_PREFIX = "deepnorm constants: "  # the launcher reads the JSON after it
-
-DEEPNORM_INIT_CHOICES = ChoiceEnum(list(GAINS_OF_INIT))
 
 
 @dataclass
@@ -60,12 +51,9 @@ class DeepNetConfig(TransformerConfig):
     deepnorm_decoder_beta: Optional[float] = field(
         default=None, metadata={"help": "override the decoder's DeepNorm init gain beta (default: the paper's formula)"}
     )
-    deepnorm_init: DEEPNORM_INIT_CHOICES = field(
-        default="paper",
-        metadata={"help": "DeepNorm's initialisation: 'paper' (Xavier-normal gains and beta of the paper), "
-                          "'torchscale' (torchscale 0.3.0's released init; docs/torchscale.md) or 'source' (the "
-                          "paper's with a quarter of its encoder beta and the last decoder layer's cross-attention "
-                          "at gain 1: no source-ignoring plateau; docs/diagnostics.md)"},
+    deepnorm_init: ChoiceEnum(list(DEEPNORM_INITS)) = field(
+        default="paper", metadata={"help": "DeepNorm's initialisation: " + ", ".join(
+            f"'{init.name}' ({init.description})" for init in DEEPNORM_INITS.values())},
     )
     deepnorm_gains: Optional[str] = field(
         default=None,
@@ -78,24 +66,25 @@ class DeepNetConfig(TransformerConfig):
 
     def deepnorm(self) -> DeepNormConstants:
         """The effective constants: the paper's formulas for this depth, with any overrides."""
-        return deepnorm_constants(
-            self.encoder.layers,
-            self.decoder.layers,
-            init=str(self.deepnorm_init),
-            encoder_alpha=self.deepnorm_encoder_alpha,
-            encoder_beta=self.deepnorm_encoder_beta,
-            decoder_alpha=self.deepnorm_decoder_alpha,
-            decoder_beta=self.deepnorm_decoder_beta,
-        )
+        return deepnorm_constants(self.encoder.layers, self.decoder.layers, init=str(self.deepnorm_init),
+                                  encoder_alpha=self.deepnorm_encoder_alpha, encoder_beta=self.deepnorm_encoder_beta,
+                                  decoder_alpha=self.deepnorm_decoder_alpha, decoder_beta=self.deepnorm_decoder_beta)
+
+    @property
+    def named_init(self) -> DeepNormInit:
+        return DEEPNORM_INITS[str(self.deepnorm_init)]
+
+    @cached_property
+    def sublayer_gains(self) -> dict:
+        """The init's gains with ``--deepnorm-gains`` over them, parsed once per config (at model build)."""
+        return {**self.named_init.gains, **parse_gains(self.deepnorm_gains)}
 
     def init_gain(self, group: str, layer: int) -> float:
         """The Xavier gain of ``group``'s scaled weights in layer ``layer`` (0-based): the stack's beta, unless
         the init or ``--deepnorm-gains`` sets another."""
         stack = group.split("_")[0]
-        init = str(getattr(self, "deepnorm_init", "paper"))
-        gains = parse_gains(",".join(filter(None, [GAINS_OF_INIT[init], getattr(self, "deepnorm_gains", None)])))
         default = 1.0 if group.endswith("_qk") else getattr(self.deepnorm(), f"{stack}_beta")  # query/key: gain 1
-        return sublayer_gain(gains, group, layer, getattr(self, stack).layers, default)
+        return sublayer_gain(self.sublayer_gains, group, layer, getattr(self, stack).layers, default)
 
 
 def deepnorm_init_(attentions, ffn_linears, beta, qk_gain=1.0):
@@ -130,14 +119,11 @@ def torchscale_init_(attentions, ffn_linears, beta, qk_gain=1.0):
         linear.bias.mul_(beta)
 
 
-DEEPNORM_INITS = {"paper": deepnorm_init_, "torchscale": torchscale_init_, "source": deepnorm_init_}
-
-
 class DeepNormEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg, return_fc=False, layer_index=0):
         super().__init__(cfg, return_fc=return_fc)
         self.register_buffer("deepnorm_alpha", torch.tensor(cfg.deepnorm().encoder_alpha))
-        init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
+        init_ = torchscale_init_ if cfg.named_init.pytorch_default_linear else deepnorm_init_
         init_([self.self_attn], [], cfg.init_gain("encoder_self_attn", layer_index),
               cfg.init_gain("encoder_self_attn_qk", layer_index))
         init_([], [self.fc1, self.fc2], cfg.init_gain("encoder_ffn", layer_index))
@@ -150,7 +136,7 @@ class DeepNormDecoderLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False, layer_index=0):
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         self.register_buffer("deepnorm_alpha", torch.tensor(cfg.deepnorm().decoder_alpha))
-        init_ = DEEPNORM_INITS[str(cfg.deepnorm_init)]
+        init_ = torchscale_init_ if cfg.named_init.pytorch_default_linear else deepnorm_init_
         init_([self.self_attn], [], cfg.init_gain("decoder_self_attn", layer_index),
               cfg.init_gain("decoder_self_attn_qk", layer_index))
         init_([self.encoder_attn], [], cfg.init_gain("decoder_cross_attn", layer_index),
@@ -180,7 +166,7 @@ class DeepNetDecoder(LayerClassDecoder):
 @register_model("deepnet_transformer")
 class DeepNetTransformerModel(LayerClassTransformerModel):
     """fairseq's ``transformer`` with DeepNorm residuals and init; same options plus ``--deepnorm-*``
-    (``--deepnorm-init {paper,torchscale}`` chooses the initialisation)."""
+    (``--deepnorm-init``, a name in ``deepnorm.DEEPNORM_INITS``, chooses the initialisation)."""
 
     config_class = DeepNetConfig
     encoder_class = DeepNetEncoder

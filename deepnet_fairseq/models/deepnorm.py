@@ -12,21 +12,12 @@ alpha up-weights the residual in every sublayer, ``x <- LN(alpha * x + G(x))``; 
 ``xavier_normal_`` for the FFN weights and the attention value/output projections.
 
 Which weights get beta: the value/output projections and FFN ``fc1``/``fc2`` of the sublayer groups in
-``SUBLAYER_GROUPS``, in every layer, except where an init (``GAINS_OF_INIT``) or the ablation option
-``--deepnorm-gains`` gives a group, or one layer of it, another Xavier gain (``sublayer_gain``).
-``init="source"`` is the paper's init with two changes that let the decoder hear its source from the
-first few hundred updates while keeping the early update bounded (docs/diagnostics.md, "DeepNet without
-the plateau"): the encoder's beta is a quarter of the paper's (0.2175 (N^4 M)^(-1/16) in an
-encoder-decoder model), and the last decoder layer's cross-attention keeps Xavier gain 1: one sublayer,
-whatever the depth.
-
-``init="torchscale"`` gives the betas of Microsoft's torchscale 0.3.0 (``--deepnorm-init torchscale``):
-the same formulas except the encoder of an encoder-decoder model, where torchscale divides its init by
-``(N^4 M)^(1/16) / 1.15``, i.e. beta = 1.15 (N^4 M)^(-1/16) (1.32x the paper's 0.87). There beta
-multiplies PyTorch's default Linear init instead of being a Xavier gain (docs/torchscale.md).
+``SUBLAYER_GROUPS``, in every layer, except where the init (a record of ``DEEPNORM_INITS``, the one list of
+``--deepnorm-init`` names) or the ablation option ``--deepnorm-gains`` gives a group, or one layer of it,
+another Xavier gain (``sublayer_gain``).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -60,16 +51,34 @@ def _check_override(value, option: str) -> Optional[float]:
     return float(value)
 
 
-# The encoder-decoder encoder beta's coefficient, by initialisation (--deepnorm-init); torchscale 0.3.0's
-# torchscale/architecture/encoder.py: init_scale = (N^4 M)^(1/16) / 1.15, weights divided by it.
-ENCODER_DECODER_ENCODER_BETA = {"paper": 0.87, "torchscale": 1.15, "source": 0.87 / 4}
-
 # The sublayer groups whose value/output (attention) or fc1/fc2 (FFN) weights the init scales by beta.
 SUBLAYER_GROUPS = ("encoder_self_attn", "encoder_ffn", "decoder_self_attn", "decoder_cross_attn", "decoder_ffn")
 # and the query/key projections of each attention group, which the init leaves at gain 1
 SUBLAYER_GROUPS += tuple(f"{group}_qk" for group in SUBLAYER_GROUPS if group.endswith("_attn"))
-# What each init sets apart from beta, spelt as --deepnorm-gains takes it.
-GAINS_OF_INIT = {"paper": "", "torchscale": "", "source": "decoder_cross_attn[-1]=1"}
+
+
+@dataclass(frozen=True)
+class DeepNormInit:
+    """A ``--deepnorm-init``: the c of an encoder-decoder model's encoder beta c (N^4 M)^(-1/16) (every other
+    beta is the paper's) and the Xavier gains it sets apart from beta, as ``parse_gains`` gives them."""
+
+    name: str
+    encoder_beta_coefficient: float
+    description: str  # the option's help
+    gains: dict = field(default_factory=dict)
+    pytorch_default_linear: bool = False  # beta multiplies PyTorch's default Linear init, not a Xavier gain
+
+
+DEEPNORM_INITS = {init.name: init for init in (
+    DeepNormInit("paper", 0.87, "Xavier-normal gains and beta of the paper"),
+    # torchscale/architecture/encoder.py divides weights and biases by (N^4 M)^(1/16) / 1.15
+    DeepNormInit("torchscale", 1.15, "torchscale 0.3.0's released init; docs/torchscale.md",
+                 pytorch_default_linear=True),
+    # the decoder hears its source within a few hundred updates, and the early update stays bounded
+    DeepNormInit("source", 0.87 / 4, "the paper's with a quarter of its encoder beta and the last decoder layer's "
+                 "cross-attention at gain 1: no source-ignoring plateau; docs/diagnostics.md",
+                 gains={("decoder_cross_attn", -1): 1.0}),
+)}
 
 
 def parse_gains(spec: Optional[str]) -> dict:
@@ -113,12 +122,12 @@ def deepnorm_constants(
 ) -> DeepNormConstants:
     """The paper's alpha and beta for an N-layer encoder and M-layer decoder (0 = no such stack).
 
-    ``init`` ("paper" or "torchscale") chooses the beta formula of the initialisation it goes with.
+    ``init`` (a name in ``DEEPNORM_INITS``) chooses the beta formula of the initialisation it goes with.
     Keyword overrides (for ablations) replace a formula's value; each must be > 0. Errors name the
     command-line option they come from.
     """
-    if init not in ENCODER_DECODER_ENCODER_BETA:
-        raise ValueError(f"--deepnorm-init must be one of {sorted(ENCODER_DECODER_ENCODER_BETA)}, got {init!r}")
+    if init not in DEEPNORM_INITS:
+        raise ValueError(f"--deepnorm-init must be one of {sorted(DEEPNORM_INITS)}, got {init!r}")
     n = _check_layers(encoder_layers, "--encoder-layers")
     m = _check_layers(decoder_layers, "--decoder-layers")
     if n == 0 and m == 0:
@@ -132,7 +141,7 @@ def deepnorm_constants(
     if n and m:  # encoder-decoder
         paper = dict(
             encoder_alpha=0.81 * (n**4 * m) ** (1 / 16),
-            encoder_beta=ENCODER_DECODER_ENCODER_BETA[init] * (n**4 * m) ** (-1 / 16),
+            encoder_beta=DEEPNORM_INITS[init].encoder_beta_coefficient * (n**4 * m) ** (-1 / 16),
             decoder_alpha=(3 * m) ** (1 / 4),
             decoder_beta=(12 * m) ** (-1 / 4),
         )
