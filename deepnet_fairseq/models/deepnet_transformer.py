@@ -30,7 +30,7 @@ from torch import nn
 
 from .deepnorm import DEEPNORM_INITS, DeepNormConstants, DeepNormInit, deepnorm_constants, parse_gains, sublayer_gain
 from .layer_class_model import LayerClassTransformerModel, require_post_ln
-from .layers import LayerClassDecoder, LayerClassEncoder, wrap_layer
+from .layers import LayerClassDecoder, LayerClassEncoder
 from .sizes import register_size_variants
 
 logger = logging.getLogger(__name__)
@@ -150,17 +150,15 @@ class DeepNormDecoderLayer(TransformerDecoderLayerBase):
 class DeepNetEncoder(LayerClassEncoder):
     layer_class = DeepNormEncoderLayer
 
-    def build_encoder_layer(self, cfg):  # fairseq builds the layers in order; the init needs each one's index
-        self.layers_built = getattr(self, "layers_built", 0) + 1
-        return wrap_layer(self.layer_class(cfg, return_fc=self.return_fc, layer_index=self.layers_built - 1), cfg)
+    def new_layer(self, layer_class, cfg, index):  # the init needs each layer's index
+        return layer_class(cfg, return_fc=self.return_fc, layer_index=index)
 
 
 class DeepNetDecoder(LayerClassDecoder):
     layer_class = DeepNormDecoderLayer
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        self.layers_built = getattr(self, "layers_built", 0) + 1
-        return wrap_layer(self.layer_class(cfg, no_encoder_attn, layer_index=self.layers_built - 1), cfg)
+    def new_layer(self, cfg, no_encoder_attn, index):
+        return self.layer_class(cfg, no_encoder_attn, layer_index=index)
 
 
 @register_model("deepnet_transformer")

@@ -13,7 +13,7 @@ from fairseq.modules import LayerNorm
 from torch import nn
 
 from .compile_layers import add_compile_args, check_compile_args
-from .layers import LayerClassDecoder, LayerClassEncoder
+from .layers import LayerClassDecoder, LayerClassEncoder, add_residual_drop_args, check_residual_drop_args
 
 
 def check_depth(args):
@@ -53,11 +53,13 @@ class LayerClassTransformerModel(TransformerModel):
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, cls.config_class(), delete_default=True, with_prefix="")
         add_compile_args(parser)  # --compile-layers for every architecture built on this class
+        add_residual_drop_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         check_depth(args)
         check_compile_args(args)
+        check_residual_drop_args(args)
         cls.check_args(args)
         return super().build_model(args, task)
 
