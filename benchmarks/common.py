@@ -16,22 +16,21 @@ from pathlib import Path
 
 import torch
 
+from deepnet_setups import runner
+
 ROOT = Path(__file__).resolve().parents[1]
-USER_DIR = str(ROOT / "deepnet_fairseq")
 
 # The three families compared at identical shape: fairseq's own Post-LN `transformer` is the baseline.
 BASELINE = "transformer"
 FAMILIES = ("transformer", "deepnet_transformer", "preln_transformer")
 
 # Optimisation settings of fairseq's IWSLT recipe; identical for every model in a comparison.
-TRAIN_ARGS = [
-    "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--dropout", "0.1", "--max-tokens", "100000", "--seed", "1",
-    "--share-decoder-input-output-embed", "--no-progress-bar", "--log-format", "none",
-]
+TRAIN_OPTIONS = {
+    "task": "translation", "source_lang": "src", "target_lang": "tgt", **runner.ADAM, "lr": 5e-4,
+    **runner.schedule(4000, init_lr=None), "criterion": "label_smoothed_cross_entropy", "label_smoothing": 0.1,
+    "dropout": 0.1, "max_tokens": 100000, "seed": 1, "share_decoder_input_output_embed": True,
+    "no_progress_bar": True, "log_format": "none",
+}
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,18 @@ class Shape:
     def name(self):
         return f"{self.encoder_layers}L-{self.decoder_layers}L d{self.dim}"
 
-    def args(self):
-        return [
-            "--encoder-layers", str(self.encoder_layers), "--decoder-layers", str(self.decoder_layers),
-            "--encoder-embed-dim", str(self.dim), "--decoder-embed-dim", str(self.dim),
-            "--encoder-ffn-embed-dim", str(self.ffn), "--decoder-ffn-embed-dim", str(self.ffn),
-            "--encoder-attention-heads", str(self.heads), "--decoder-attention-heads", str(self.heads),
-        ]
+    def options(self):
+        """The shape as fairseq options."""
+        return {"encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
+                "encoder_embed_dim": self.dim, "decoder_embed_dim": self.dim,
+                "encoder_ffn_embed_dim": self.ffn, "decoder_ffn_embed_dim": self.ffn,
+                "encoder_attention_heads": self.heads, "decoder_attention_heads": self.heads}
+
+
+def width(shape):
+    """``{dim, ffn, heads}`` of one of ``runner.SHAPES`` (both stacks alike), for ``Shape(N, M, **width)``."""
+    return dict(dim=shape["encoder_embed_dim"], ffn=shape["encoder_ffn_embed_dim"],
+                heads=shape["encoder_attention_heads"])
 
 
 @dataclass(frozen=True)
@@ -94,10 +98,8 @@ class Bench:
             self._tmp = tempfile.TemporaryDirectory(prefix="deepnet_bench_")
             workdir = self._tmp.name
         data = write_dictionary(Path(workdir) / "dict", batch.vocab)
-        argv = [str(data), "--user-dir", USER_DIR, "--arch", arch, "--save-dir", str(Path(workdir) / "ckpt"),
-                *TRAIN_ARGS, *shape.args(), *extra_args]
-        if device == "cpu":
-            argv.append("--cpu")
+        argv = runner.fairseq_args(data, {"arch": arch, "save_dir": Path(workdir) / "ckpt", **TRAIN_OPTIONS,
+                                          **shape.options(), "cpu": device == "cpu"}, extra_args)
         parser = options.get_training_parser()
         args = options.parse_args_and_arch(parser, input_args=argv)
         if device != "cpu":

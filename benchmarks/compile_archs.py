@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from .common import ROOT, USER_DIR, machine, write_json
+from deepnet_setups import runner
 
-BIN = Path(sys.executable).parent
+from .common import ROOT, machine, write_json
 
 
 def translation_archs():
@@ -32,7 +32,7 @@ def translation_archs():
 
     from fairseq import models, utils
 
-    utils.import_user_module(Namespace(user_dir=USER_DIR))
+    utils.import_user_module(Namespace(user_dir=str(runner.USER_DIR)))
     from deepnet_fairseq.models.layer_class_model import LayerClassTransformerModel
 
     return sorted(name for name, cls in models.MODEL_REGISTRY.items()
@@ -45,50 +45,47 @@ def prepare(work):
     text = write_reverse_map_task(work / "text", train=1000, valid=50, test=50)
     dest = work / "bin"
     if not (dest / "train.src-tgt.src.bin").exists():
-        subprocess.run([BIN / "fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref", text / "train",
+        subprocess.run([runner.BIN_DIR / "fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref", text / "train",
                         "--validpref", text / "valid", "--destdir", dest, "--joined-dictionary", "--workers", "1"],
                        check=True, capture_output=True)
     lm = work / "lm_bin"
     if not (lm / "train.bin").exists():
-        subprocess.run([BIN / "fairseq-preprocess", "--only-source", "--trainpref", text / "train.tgt",
+        subprocess.run([runner.BIN_DIR / "fairseq-preprocess", "--only-source", "--trainpref", text / "train.tgt",
                         "--validpref", text / "valid.tgt", "--destdir", lm, "--workers", "1"],
                        check=True, capture_output=True)
     return dest, lm
 
 
-def extra_for(arch):
-    if arch in ("preln_transformer", "normformer_transformer", "subln_transformer"):
-        return ["--encoder-normalize-before", "--decoder-normalize-before"]
-    return []
+def pre_ln(arch):
+    """The layer-class models that are Pre-LN only with the normalize-before flags."""
+    return arch in ("preln_transformer", "normformer_transformer", "subln_transformer")
 
 
 def train(arch, data, run_dir, args, compiled):
     run_dir.mkdir(parents=True, exist_ok=True)
-    d = str(args.dim)
     if arch == "deepnet_transformer_lm":
-        model = ["--task", "language_modeling", "--tokens-per-sample", "32", "--decoder-layers", args.layers,
-                 "--decoder-embed-dim", d, "--decoder-ffn-embed-dim", 2 * args.dim, "--decoder-attention-heads", 2,
-                 "--criterion", "cross_entropy", "--share-decoder-input-output-embed"]
+        model = {"task": "language_modeling", "tokens_per_sample": 32, "decoder_layers": args.layers,
+                 "decoder_embed_dim": args.dim, "decoder_ffn_embed_dim": 2 * args.dim, "decoder_attention_heads": 2,
+                 "criterion": "cross_entropy", "share_decoder_input_output_embed": True}
     else:
-        model = ["--task", "translation", "-s", "src", "-t", "tgt", "--encoder-layers", args.layers,
-                 "--decoder-layers", args.layers, "--encoder-embed-dim", d, "--decoder-embed-dim", d,
-                 "--encoder-ffn-embed-dim", 2 * args.dim, "--decoder-ffn-embed-dim", 2 * args.dim,
-                 "--encoder-attention-heads", 2, "--decoder-attention-heads", 2, "--share-all-embeddings",
-                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", *extra_for(arch)]
-    cmd = [BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, *model,
-           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", args.lr, "--lr-scheduler", "inverse_sqrt",
-           "--warmup-updates", 10, "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-           "--max-tokens", 600, "--max-update", args.max_update, "--seed", 1, "--cpu", "--num-workers", 0,
-           "--log-format", "json", "--log-interval", args.log_interval, "--validate-interval", 100000,
-           "--save-dir", run_dir / "ckpt", "--no-epoch-checkpoints", "--save-interval-updates", args.max_update,
-           "--keep-interval-updates", 1, "--no-last-checkpoints"]
-    if compiled:
-        cmd.append("--compile-layers")
+        model = {"task": "translation", "source_lang": "src", "target_lang": "tgt", "encoder_layers": args.layers,
+                 "decoder_layers": args.layers, "encoder_embed_dim": args.dim, "decoder_embed_dim": args.dim,
+                 "encoder_ffn_embed_dim": 2 * args.dim, "decoder_ffn_embed_dim": 2 * args.dim,
+                 "encoder_attention_heads": 2, "decoder_attention_heads": 2, "share_all_embeddings": True,
+                 "criterion": "label_smoothed_cross_entropy", "label_smoothing": 0.1,
+                 "encoder_normalize_before": pre_ln(arch), "decoder_normalize_before": pre_ln(arch)}
+    options = {"arch": arch, **model, **runner.ADAM, "lr": args.lr, **runner.schedule(10, init_lr=None),
+               "dropout": 0, "attention_dropout": 0, "activation_dropout": 0, "max_tokens": 600,
+               "max_update": args.max_update, "seed": 1, **runner.CPU_LOG_EVERY_UPDATE,
+               "log_interval": args.log_interval, "validate_interval": 100000, "save_dir": run_dir / "ckpt",
+               "no_epoch_checkpoints": True, "save_interval_updates": args.max_update, "keep_interval_updates": 1,
+               "no_last_checkpoints": True, "compile_layers": compiled}
+    cmd = runner.fairseq_command("fairseq-train", data, options)
     start = time.perf_counter()
     log = run_dir / "train.log"
     env = dict(os.environ, TORCH_LOGS="recompiles,graph_breaks") if compiled else None  # in train.log
     with open(log, "w") as out:
-        proc = subprocess.run([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         return {"error": f"fairseq-train exited {proc.returncode}, see {log}", "seconds": seconds}

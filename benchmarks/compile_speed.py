@@ -28,11 +28,13 @@ from collections import Counter
 
 import torch
 
-from .common import Batch, Bench, Shape, machine, quiet_fairseq, summarize, write_json
+from deepnet_setups.runner import SHAPES
+
+from .common import Batch, Bench, Shape, machine, quiet_fairseq, summarize, width, write_json
 
 SHAPES = {
     "tiny": (Shape(2, 2, 32, 64, 2), Batch(4, 8, 8, 200)),
-    "18L-18L-d64": (Shape(18, 18, 64, 128, 2), Batch(16, 20, 20, 1000)),
+    "18L-18L-d64": (Shape(18, 18, **width(SHAPES["tiny"])), Batch(16, 20, 20, 1000)),
     "18L-18L-iwslt": (Shape(18, 18, 512, 1024, 4), Batch(16, 24, 24, 8000)),
     # GPU: scripts/train_iwslt.sh's model and batch size (--max-tokens 4096), and the paper's WMT shape
     "18L-18L-iwslt-4096": (Shape(18, 18, 512, 1024, 4), Batch(128, 32, 32, 10000)),

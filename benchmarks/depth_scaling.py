@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .common import Batch, Bench, Shape, deepnorm_summary, machine, write_json
+from deepnet_setups.runner import SHAPES
 
-WIDTH = dict(dim=64, ffn=128, heads=2)  # the test suite's tiny shape
+from .common import Batch, Bench, Shape, deepnorm_summary, machine, width, write_json
+
+WIDTH = width(SHAPES["tiny"])  # DeepNet Fig. 5's 64-128-2
 BATCH = Batch(sentences=16, src_len=24, tgt_len=24, vocab=1000)
 DEPTHS = [6, 25, 50, 100, 250, 500]
 FIELDS = [

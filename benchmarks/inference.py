@@ -18,8 +18,6 @@ Two decoding modes are timed:
 """
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 from argparse import Namespace
@@ -27,26 +25,19 @@ from pathlib import Path
 
 import torch
 
-from .common import ROOT, USER_DIR, fuse_deepnorm_residual, machine, quiet_fairseq, summarize, write_json
+from deepnet_setups import runner
+
+from .common import ROOT, fuse_deepnorm_residual, machine, quiet_fairseq, summarize, write_json
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k_de_en"
-BIN = Path(sys.executable).parent
 SLICE = (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 100))
-MODEL_ARGS = [
-    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-]
 ARCHS = ("transformer", "deepnet_transformer")  # baseline first
 
 
 def run(cmd, log):
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    with open(log, "w") as f:
-        proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}); see {log}")
+    returncode = runner.run_quiet(cmd, log, env=runner.child_env())
+    if returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({returncode}); see {log}")
 
 
 def prepare(work):
@@ -63,7 +54,7 @@ def prepare(work):
             lines = (DATA / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             (text / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     tmp = work / "bin.tmp"
-    run([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", text / "train", "--validpref",
+    run([runner.BIN_DIR / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", text / "train", "--validpref",
          text / "valid", "--testpref", text / "test", "--destdir", tmp, "--joined-dictionary", "--workers", "1"],
         work / "preprocess.log")
     if out.exists():
@@ -81,14 +72,12 @@ def train(work, data, arch, layers, max_update):
     done = save / ".done"
     if done.exists():
         return save / "checkpoint_last.pt"
-    run([BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, "--cpu",
-         "--encoder-layers", layers, "--decoder-layers", layers, *MODEL_ARGS,
-         "--share-decoder-input-output-embed", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-         "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--dropout", "0.1",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "2000",
-         "--max-update", max_update, "--seed", "1", "--save-dir", save, "--no-epoch-checkpoints",
-         "--disable-validation", "--log-format", "simple", "--log-interval", "10"],
-        work / f"train_{arch}_{layers}L.log")
+    options = {"arch": arch, "cpu": True, "encoder_layers": layers, "decoder_layers": layers, **runner.SHAPES["tiny"],
+               "share_decoder_input_output_embed": True, **runner.ADAM, "lr": 5e-4,
+               **runner.schedule(50, init_lr=None), "dropout": 0.1, "criterion": "label_smoothed_cross_entropy",
+               "label_smoothing": 0.1, "max_tokens": 2000, "max_update": max_update, "seed": 1, "save_dir": save,
+               "no_epoch_checkpoints": True, "disable_validation": True, "log_format": "simple", "log_interval": 10}
+    run(runner.fairseq_command("fairseq-train", data, options), work / f"train_{arch}_{layers}L.log")
     done.touch()
     return save / "checkpoint_last.pt"
 
@@ -99,7 +88,8 @@ class Decoder:
     def __init__(self, path, data, beam, **lengths):
         from fairseq import checkpoint_utils, utils
 
-        utils.import_user_module(Namespace(user_dir=USER_DIR))  # as --user-dir: registers and allow-lists
+        # as --user-dir: registers and allow-lists
+        utils.import_user_module(Namespace(user_dir=str(runner.USER_DIR)))
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
         self.model = models[0].eval()
         self.task = task

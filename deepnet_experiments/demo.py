@@ -12,22 +12,18 @@ loss (bits per token as fairseq logs it, mean of the last 10 updates), whether t
 import argparse
 import json
 import math
-import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from deepnet_setups.runner import diverged_reason, parse_log
+from deepnet_setups import runner
 from .synthetic import write_reverse_map_task
 
 ARCHS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}
-BIN = Path(sys.executable).parent
-USER_DIR = Path(__file__).resolve().parents[1] / "deepnet_fairseq"
-SHAPE = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
-         "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+SHAPE = runner.SHAPES["tiny"]
+WIDTH = f"d{SHAPE['encoder_embed_dim']}"
 TASK_VOCAB, TASK_LENGTHS = 16, (3, 10)
 
 
@@ -90,7 +86,7 @@ def binarise(text, src, tgt, out):
     dest = out / f"bin_{src}_{tgt}"
     if (dest / ".done").exists():
         return dest
-    subprocess.run([BIN / "fairseq-preprocess", "-s", src, "-t", tgt, "--trainpref", text / "train",
+    subprocess.run([runner.BIN_DIR / "fairseq-preprocess", "-s", src, "-t", tgt, "--trainpref", text / "train",
                     "--validpref", text / "valid", "--destdir", dest, "--joined-dictionary", "--workers", "1"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (dest / ".done").touch()
@@ -103,19 +99,16 @@ def train(args, data, arch, run_dir):
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / ".done").exists():
         return read_log((run_dir / "train.log").read_text(errors="replace"))
-    cmd = [BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--task", "translation", "--arch", arch,
-           "--encoder-layers", args.layers, "--decoder-layers", args.layers, *SHAPE, "--share-all-embeddings",
-           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", args.lr, "--lr-scheduler", "inverse_sqrt",
-           "--warmup-updates", args.warmup, "--warmup-init-lr", "1e-07", "--dropout", "0.0",
-           "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.0", "--report-accuracy",
-           "--diag-update-norm-interval", "10", "--divergence-guard",
-           "--max-tokens", "1000", "--max-update", args.updates, "--seed", args.seed, "--cpu", "--num-workers", "0",
-           "--log-format", "json", "--log-interval", "1", "--validate-interval", "100000", "--no-save",
-           "--save-dir", run_dir / "checkpoints"]  # fairseq probes its save dir even with --no-save: one per run
-    (run_dir / "command.txt").write_text(" ".join(map(str, cmd)) + "\n")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    with open(run_dir / "train.log", "w") as log:
-        rc = subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    options = {"task": "translation", "arch": arch, "encoder_layers": args.layers, "decoder_layers": args.layers,
+               **SHAPE, "share_all_embeddings": True, **runner.ADAM, "lr": args.lr, **runner.schedule(args.warmup),
+               "dropout": 0.0, "criterion": "diagnostic_label_smoothed_cross_entropy", "label_smoothing": 0.0,
+               "report_accuracy": True, "diag_update_norm_interval": 10, "divergence_guard": True,
+               "max_tokens": 1000, "max_update": args.updates, "seed": args.seed, **runner.CPU_LOG_EVERY_UPDATE,
+               "validate_interval": 100000, "no_save": True,
+               "save_dir": run_dir / "checkpoints"}  # fairseq probes its save dir even with --no-save: one per run
+    cmd = runner.fairseq_command("fairseq-train", data, options)
+    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    rc = runner.run_quiet(cmd, run_dir / "train.log")
     text = (run_dir / "train.log").read_text(errors="replace")
     if rc != 0 and "DivergenceError" not in text:
         raise SystemExit(f"demo: fairseq-train failed for {arch}, see {run_dir / 'train.log'}")
@@ -125,8 +118,8 @@ def train(args, data, arch, run_dir):
 
 def read_log(text, rc=0):
     """(per-update records, held-out record, divergence reason) from a fairseq-train JSON log."""
-    inner, valid = parse_log(text)
-    return inner, valid, diverged_reason(text, inner, rc)
+    inner, valid = runner.parse_log(text)
+    return inner, valid, runner.diverged_reason(text, inner, rc)
 
 
 def series(records, key, shift=0):
@@ -172,7 +165,7 @@ def plot(results, args, entropy, out_png, title):
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}: {args.layers}L-{args.layers}L d64, lr {args.lr:g}, {args.warmup} warm-up updates, "
+    fig.suptitle(f"{title}: {args.layers}L-{args.layers}L {WIDTH}, lr {args.lr:g}, {args.warmup} warm-up updates, "
                  f"seed {args.seed}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
@@ -189,7 +182,7 @@ def main(argv=None):
     entropy = unigram_entropy(text / f"train.{tgt}")
     title = f"real text ({Path(args.raw_dir).name})" if args.raw_dir else "reverse-and-map task (16 words)"
     depth = f"{args.layers}L-{args.layers}L"
-    print(f"demo: {title}; Post-LN, Pre-LN and DeepNet at {depth} d64, {args.updates} updates each, "
+    print(f"demo: {title}; Post-LN, Pre-LN and DeepNet at {depth} {WIDTH}, {args.updates} updates each, "
           f"lr {args.lr:g}, {args.warmup} warm-up updates, seed {args.seed}", flush=True)
 
     def one(arch):

@@ -29,20 +29,22 @@ from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from deepnet_setups import runner
+
 from . import sweep
 from .plots import save_figure
 
 PAPER_SCHEDULE = dict(lr=5e-4, warmup=4000)  # IWSLT-14 (fairseq's recipe; DeepNet Section 5)
 FULL = dict(depths=(6, 18, 50, 100), updates=200, probe_every=5, fig3_depth=18, pairs=3000)
 TINY = dict(depths=(2, 3), updates=6, probe_every=2, fig3_depth=2, pairs=200)
-UPDATE_ONLY = ("--diag-update-norm-interval",)
-EVERYTHING = ("--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval")
 FIG3_RUNS = (  # name, arch, warm-up updates, label
     ("postln_warmup", "transformer_iwslt_de_en", PAPER_SCHEDULE["warmup"], "Post-LN, 4k warm-up"),
     ("postln_nowarmup", "transformer_iwslt_de_en", 0, "Post-LN, no warm-up"),
     ("deepnet_warmup", "deepnet_transformer_iwslt_de_en", PAPER_SCHEDULE["warmup"], "DeepNet, 4k warm-up"),
 )
 PRELN = "preln_transformer_iwslt_de_en"
+SHAPE = runner.SHAPES["tiny"]  # sweep.train_one's with tiny=True
+CAP = math.sqrt(2 * SHAPE["decoder_embed_dim"])  # the LayerNorm-ed probe's norm for uncorrelated outputs
 FAMILY = {"transformer_iwslt_de_en": "postln", "deepnet_transformer_iwslt_de_en": "deepnet"}
 
 
@@ -59,11 +61,12 @@ def parse_args(argv):
     return args
 
 
-def run_args(out, setting, warmup, diagnostics):
-    """The sweep's per-run options for one of our runs."""
+def run_args(out, setting, warmup, hooks=False):
+    """The sweep's per-run options for one of our runs: the update norm every ``probe_every`` updates, and
+    with ``hooks`` the per-sublayer gradient norms and LayerNorm inputs as well."""
     return Namespace(out=out, tiny=True, bleu=False, max_tokens=1000, updates=setting["updates"],
                      lr=PAPER_SCHEDULE["lr"], warmup=warmup, extra=[],
-                     diag=[*diagnostics, str(setting["probe_every"])])
+                     diag={**(sweep.HOOKS if hooks else {}), "diag_update_norm_interval": setting["probe_every"]})
 
 
 def read_curves(run_dir):
@@ -104,13 +107,13 @@ def main(argv=None):
     figures.mkdir(parents=True, exist_ok=True)
     start = time.time()
     data = sweep.build_default_data(out, setting["pairs"])
-    lean = run_args(out, setting, PAPER_SCHEDULE["warmup"], UPDATE_ONLY)
+    lean = run_args(out, setting, PAPER_SCHEDULE["warmup"])
     d3 = setting["fig3_depth"]
     # Fig. 5 at Fig. 3's depth is Fig. 3's warm-up run: same training, more diagnostics (which leave it unchanged)
     jobs = [(lean, arch, depth, 1, None) for arch in FAMILY for depth in setting["depths"] if depth != d3]
     for name, arch, warmup, _ in FIG3_RUNS:
-        jobs.append((run_args(out, setting, warmup, EVERYTHING), arch, d3, 1, f"fig3_{name}_L{d3}"))
-    jobs.append((run_args(out, dict(setting, updates=1), PAPER_SCHEDULE["warmup"], EVERYTHING), PRELN, d3, 1,
+        jobs.append((run_args(out, setting, warmup, hooks=True), arch, d3, 1, f"fig3_{name}_L{d3}"))
+    jobs.append((run_args(out, dict(setting, updates=1), PAPER_SCHEDULE["warmup"], hooks=True), PRELN, d3, 1,
                  f"fig3_preln_L{d3}"))
     jobs.sort(key=lambda job: -job[2])  # deepest first: the longest runs start first
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -130,7 +133,7 @@ def main(argv=None):
     marks = sorted({u for u in (setting["updates"] // 8, setting["updates"] // 4, setting["updates"] // 2) if u > 1}
                    | {setting["updates"]})
     summary = ["DeepNet Fig. 5: the largest model update ||F(x,θ_t) − F(x,θ_0)|| up to update u, Post-LN / DeepNet "
-               f"(the LayerNorm-ed probe caps it near sqrt(2d) = {math.sqrt(128):.1f})",
+               f"(the LayerNorm-ed probe caps it near sqrt(2d) = {CAP:.1f})",
                "  depth    " + "".join(f"{'u<=' + str(u):>26}" for u in marks)]
     for depth in setting["depths"]:
         cells = []
@@ -160,7 +163,6 @@ def write_outputs(figures, fig5, fig3, setting):
             w.writerows([family, depth, u, v] for u, v in sorted(series.items()))
     written.append(figures / "fig5_update_norm.csv")
 
-    cap = math.sqrt(2 * 64)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     cmap = plt.get_cmap("viridis")
     for ax, family, title in zip(axes, ("postln", "deepnet"), ("Post-LN", "DeepNet")):
@@ -169,14 +171,14 @@ def write_outputs(figures, fig5, fig3, setting):
             xs = sorted(series)
             ax.plot(xs, [series[u] for u in xs], color=cmap(i / max(len(setting["depths"]) - 1, 1)),
                     label=f"{depth}L-{depth}L")
-        ax.axhline(cap, color="grey", ls=":", lw=1)
-        ax.text(0, cap, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
+        ax.axhline(CAP, color="grey", ls=":", lw=1)
+        ax.text(0, CAP, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
         ax.set(title=title, xlabel="update", yscale="log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("||F(x,θ_t) − F(x,θ_0)||")
-    fig.suptitle("Model update in the early stage of training, 64-128-2 models, lr 5e-4 with 4k warm-up "
-                 "(DeepNet Fig. 5)", fontsize=10)
+    fig.suptitle(f"Model update in the early stage of training, {runner.shape_name(SHAPE)} models, lr 5e-4 "
+                 "with 4k warm-up (DeepNet Fig. 5)", fontsize=10)
     fig.tight_layout()
     written.append(save_figure(fig, figures / "fig5_update_norm.png"))
 
@@ -206,7 +208,7 @@ def write_outputs(figures, fig5, fig3, setting):
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{d3}L-{d3}L, 64-128-2, early training (DeepNet Fig. 3)", fontsize=10)
+    fig.suptitle(f"{d3}L-{d3}L, {runner.shape_name(SHAPE)}, early training (DeepNet Fig. 3)", fontsize=10)
     fig.tight_layout()
     written.append(save_figure(fig, figures / "fig3_18L.png"))
 
@@ -218,7 +220,7 @@ def write_outputs(figures, fig5, fig3, setting):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("gradient norm")
-    fig.suptitle(f"{d3}L-{d3}L, 64-128-2 (Pre-LN paper Fig. 3)", fontsize=10)
+    fig.suptitle(f"{d3}L-{d3}L, {runner.shape_name(SHAPE)} (Pre-LN paper Fig. 3)", fontsize=10)
     fig.tight_layout()
     written.append(save_figure(fig, figures / "preln_fig3_grad_norm_init.png"))
     return written

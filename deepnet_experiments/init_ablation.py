@@ -28,26 +28,26 @@ from pathlib import Path
 
 from . import figures, plateau, stability_map, sweep
 
-# name -> (label, arch, extra fairseq-train arguments, or a function of the depth giving them);
+# name -> (label, arch, more fairseq-train options, or a function of the depth giving them);
 # "postln" is the bound's reference only
 VARIANTS = {
-    "postln": ("Post-LN (fairseq transformer)", "transformer_iwslt_de_en", []),
-    "paper": ("DeepNet, paper init", "deepnet_transformer_iwslt_de_en", []),
+    "postln": ("Post-LN (fairseq transformer)", "transformer_iwslt_de_en", {}),
+    "paper": ("DeepNet, paper init", "deepnet_transformer_iwslt_de_en", {}),
     "self_attn": ("decoder self-attn v/out at gain 1", "deepnet_transformer_iwslt_de_en",
-                  ["--deepnorm-gains", "decoder_self_attn=1"]),
+                  {"deepnorm_gains": "decoder_self_attn=1"}),
     "cross_attn": ("decoder cross-attn v/out at gain 1", "deepnet_transformer_iwslt_de_en",
-                   ["--deepnorm-gains", "decoder_cross_attn=1"]),
-    "ffn": ("decoder FFN at gain 1", "deepnet_transformer_iwslt_de_en", ["--deepnorm-gains", "decoder_ffn=1"]),
-    "encoder_beta1": ("encoder beta 1", "deepnet_transformer_iwslt_de_en", ["--deepnorm-encoder-beta", "1"]),
-    "decoder_beta1": ("decoder beta 1", "deepnet_transformer_iwslt_de_en", ["--deepnorm-decoder-beta", "1"]),
+                   {"deepnorm_gains": "decoder_cross_attn=1"}),
+    "ffn": ("decoder FFN at gain 1", "deepnet_transformer_iwslt_de_en", {"deepnorm_gains": "decoder_ffn=1"}),
+    "encoder_beta1": ("encoder beta 1", "deepnet_transformer_iwslt_de_en", {"deepnorm_encoder_beta": 1}),
+    "decoder_beta1": ("decoder beta 1", "deepnet_transformer_iwslt_de_en", {"deepnorm_decoder_beta": 1}),
     "cross_attn_last": ("last layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
-                        ["--deepnorm-gains", "decoder_cross_attn[-1]=1"]),
+                        {"deepnorm_gains": "decoder_cross_attn[-1]=1"}),
     "cross_attn_first": ("first layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
-                         ["--deepnorm-gains", "decoder_cross_attn[0]=1"]),
+                         {"deepnorm_gains": "decoder_cross_attn[0]=1"}),
     "encoder_beta_quarter": ("encoder beta a quarter of the paper's", "deepnet_transformer_iwslt_de_en",
-                             lambda depth: ["--deepnorm-encoder-beta", f"{quarter_encoder_beta(depth):.6f}"]),
+                             lambda depth: {"deepnorm_encoder_beta": f"{quarter_encoder_beta(depth):.6f}"}),
     "source": ("--deepnorm-init source (both: encoder beta / 4, last layer's cross-attn at gain 1)",
-               "deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "source"]),
+               "deepnet_transformer_iwslt_de_en", {"deepnorm_init": "source"}),
 }
 
 
@@ -85,11 +85,11 @@ def parse_args(argv):
 
 def source_run(args, data, variant):
     """The 18L-18L map cell for ``variant``: {quantity: {update: value}}."""
-    _, arch, extra = VARIANTS[variant]
-    extra = extra(SOURCE_CELL["depth"]) if callable(extra) else extra
+    _, arch, options = VARIANTS[variant]
+    options = options(SOURCE_CELL["depth"]) if callable(options) else options
     out = Path(args.out) / "source" / variant
     cell = Namespace(out=out, max_tokens=1000, updates=SOURCE_CELL["updates"], probe_every=SOURCE_CELL["probe_every"],
-                     seed=1, extra_diag=[], extra_fairseq=extra)
+                     seed=1, options=options)
     assert arch == stability_map.METHODS["deepnet"][0]
     name, result, curves = stability_map.run_cell(cell, data, "deepnet", SOURCE_CELL["depth"], SOURCE_CELL["lr"],
                                                   SOURCE_CELL["warmup"])
@@ -100,11 +100,10 @@ def source_run(args, data, variant):
 
 def bound_run(args, data, variant, depth):
     """{updates taken: model update} over the first 50 updates, Fig. 5's setting."""
-    _, arch, extra = VARIANTS[variant]
-    extra = extra(depth) if callable(extra) else extra
+    _, arch, options = VARIANTS[variant]
     out = Path(args.out) / "bound"
-    run = figures.run_args(out, dict(BOUND), figures.PAPER_SCHEDULE["warmup"], figures.UPDATE_ONLY)
-    run.extra = list(extra)
+    run = figures.run_args(out, dict(BOUND), figures.PAPER_SCHEDULE["warmup"])
+    run.options = options(depth) if callable(options) else options
     sweep.train_one(run, data, arch, depth, 1, name=f"{variant}_L{depth}")
     return figures.update_norms(figures.read_curves(out / "runs" / f"{variant}_L{depth}"))
 

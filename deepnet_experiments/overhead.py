@@ -11,29 +11,28 @@ import time
 
 import torch
 
-SETTINGS = {
-    "off": [],
-    "grad norms": ["--diag-grad-norms"],
-    "LN inputs": ["--diag-ln-inputs"],
-    "update norm (K=1)": ["--diag-update-norm-interval", "1"],
-    "divergence guard": ["--divergence-guard"],
-    "all on": ["--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard"],
+from deepnet_setups import runner
+
+from .sweep import ALL_DIAGNOSTICS
+
+SETTINGS = {  # the criterion's diagnostic options of each measured setting
+    "off": {},
+    "grad norms": {"diag_grad_norms": True},
+    "LN inputs": {"diag_ln_inputs": True},
+    "update norm (K=1)": {"diag_update_norm_interval": 1},
+    "divergence guard": {"divergence_guard": True},
+    "all on": ALL_DIAGNOSTICS,
 }
-TINY = ("--encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed-dim 128 --decoder-ffn-embed-dim 128 "
-        "--encoder-attention-heads 2 --decoder-attention-heads 2").split()
 
 
-def build(data, arch, depth, options, max_tokens):
+def build(data, arch, depth, diagnostics, max_tokens):
     from fairseq import options as fairseq_options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from deepnet_experiments.sweep import USER_DIR
-
     parser = fairseq_options.get_training_parser()
-    args = fairseq_options.parse_args_and_arch(parser, [
-        str(data), "--user-dir", str(USER_DIR), "--arch", arch, "--encoder-layers", str(depth),
-        "--decoder-layers", str(depth), *TINY, "--cpu", "--seed", "1", "--label-smoothing", "0.1",
-        "--criterion", "diagnostic_label_smoothed_cross_entropy", *options])
+    args = fairseq_options.parse_args_and_arch(parser, runner.fairseq_args(data, {
+        "arch": arch, "encoder_layers": depth, "decoder_layers": depth, **runner.SHAPES["tiny"], "cpu": True,
+        "seed": 1, "label_smoothing": 0.1, "criterion": "diagnostic_label_smoothed_cross_entropy", **diagnostics}))
     cfg = convert_namespace_to_omegaconf(args)
     utils.set_torch_seed(1)
     task = tasks.setup_task(cfg.task)
@@ -43,10 +42,10 @@ def build(data, arch, depth, options, max_tokens):
     return model, criterion, itr
 
 
-def seconds_per_update(data, arch, depth, options, updates, max_tokens):
+def seconds_per_update(data, arch, depth, diagnostics, updates, max_tokens):
     from fairseq import metrics
 
-    model, criterion, itr = build(data, arch, depth, options, max_tokens)
+    model, criterion, itr = build(data, arch, depth, diagnostics, max_tokens)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     model.train()
     samples = [next(itr) for _ in range(updates + 1)]
@@ -78,12 +77,13 @@ def main():
     torch.set_num_threads(1)
     times = {name: [] for name in SETTINGS}
     for _ in range(args.rounds):
-        for name, options in SETTINGS.items():
-            times[name].append(seconds_per_update(args.data, args.arch, args.depth, options, args.updates,
+        for name, diagnostics in SETTINGS.items():
+            times[name].append(seconds_per_update(args.data, args.arch, args.depth, diagnostics, args.updates,
                                                   args.max_tokens))
     base = statistics.median(times["off"])
-    print(f"{args.arch} {args.depth}L-{args.depth}L d64, max-tokens {args.max_tokens}, median of {args.rounds} rounds "
-          f"x {args.updates} updates, 1 thread")
+    width = runner.SHAPES["tiny"]["encoder_embed_dim"]
+    print(f"{args.arch} {args.depth}L-{args.depth}L d{width}, max-tokens {args.max_tokens}, "
+          f"median of {args.rounds} rounds x {args.updates} updates, 1 thread")
     print("| setting | CPU s/update | overhead |\n|---|---|---|")
     for name, values in times.items():
         median = statistics.median(values)

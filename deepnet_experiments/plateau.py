@@ -17,12 +17,11 @@ import math
 import sys
 from pathlib import Path
 
+from deepnet_setups import runner
+
 from . import stability_map, sweep
 from .figures import read_curves
 from .plots import save_figure
-
-HOOKS = ["--diag-grad-norms", "--diag-ln-inputs"]
-
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m deepnet_experiments.plateau", description=__doc__,
@@ -81,7 +80,7 @@ def main(argv=None):
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cell_args = argparse.Namespace(out=args.out, max_tokens=args.max_tokens, updates=args.updates,
-                                   probe_every=args.probe_every, seed=args.seed, extra_diag=HOOKS,
+                                   probe_every=args.probe_every, seed=args.seed, extra_diag=sweep.HOOKS,
                                    extra_fairseq=args.fairseq_args.split())
     cells = [(m, args.depth, lr, args.warmup) for lr in args.lrs for m in args.methods]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -125,8 +124,8 @@ def figure(runs, args, path):
         if quantity not in ("src_dep (bits/token)", "train loss (bits)"):
             ax.set_yscale("log")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{args.depth}L-{args.depth}L 64-128-2, warm-up {args.warmup}: a run that stalls against one "
-                 "that trains", fontsize=10)
+    fig.suptitle(f"{args.depth}L-{args.depth}L {runner.shape_name(runner.SHAPES['tiny'])}, warm-up {args.warmup}: "
+                 "a run that stalls against one that trains", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)

@@ -38,13 +38,13 @@ from .figures import read_curves
 from .plots import save_figure
 
 ROOT = sweep.ROOT
-# method -> (registered arch, extra fairseq-train arguments)
+# method -> (registered arch, more fairseq-train options)
 METHODS = {
-    "postln": ("transformer_iwslt_de_en", []),
-    "preln": ("preln_transformer_iwslt_de_en", []),
-    "deepnet": ("deepnet_transformer_iwslt_de_en", []),
-    "deepnet_torchscale_init": ("deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "torchscale"]),
-    "deepnet_source_init": ("deepnet_transformer_iwslt_de_en", ["--deepnorm-init", "source"]),
+    "postln": ("transformer_iwslt_de_en", {}),
+    "preln": ("preln_transformer_iwslt_de_en", {}),
+    "deepnet": ("deepnet_transformer_iwslt_de_en", {}),
+    "deepnet_torchscale_init": ("deepnet_transformer_iwslt_de_en", {"deepnorm_init": "torchscale"}),
+    "deepnet_source_init": ("deepnet_transformer_iwslt_de_en", {"deepnorm_init": "source"}),
 }
 LABELS = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet",
           "deepnet_torchscale_init": "DeepNet, torchscale's init", "deepnet_source_init": "DeepNet, source init"}
@@ -101,7 +101,7 @@ def build_data(args):
     config = ROOT / "configs" / "iwslt14_de_en.yaml"
     for cmd in ([ROOT / "scripts" / "prepare_iwslt14.sh", "--raw-dir", args.raw_dir, "--workers", "2", *overrides],
                 [ROOT / "scripts" / "binarize.sh", "--config", config, "--workers", "2", *overrides]):
-        if subprocess.run([str(c) for c in cmd], env=sweep.child_env()).returncode != 0:
+        if subprocess.run([str(c) for c in cmd], env=runner.child_env(**runner.ONE_THREAD)).returncode != 0:
             raise SystemExit(f"stability_map: the pipeline stage failed: {' '.join(map(str, cmd[:1]))}")
     return work / "bin"
 
@@ -132,12 +132,15 @@ def cells(args):
 
 
 def run_cell(args, data, method, depth, lr, warmup):
-    arch, extra = METHODS[method]
+    """One cell through ``sweep.train_one``. Besides the CLI's ``args``, a caller may give ``extra_diag`` (more
+    diagnostic options), ``options`` (more fairseq options, after the method's) and ``extra_fairseq``
+    (verbatim fairseq arguments, last)."""
+    arch, options = METHODS[method]
     run = Namespace(out=args.out, tiny=True, bleu=False, max_tokens=args.max_tokens, updates=args.updates, lr=lr,
-                    warmup=warmup, extra=[*extra, *getattr(args, "extra_fairseq", [])],
-                    diag=["--divergence-guard", "--diag-update-norm-interval", str(args.probe_every),
-                          "--diag-source-dependence-interval", str(args.probe_every),
-                          *getattr(args, "extra_diag", [])])
+                    warmup=warmup, options={**options, **getattr(args, "options", {})},
+                    extra=getattr(args, "extra_fairseq", []),
+                    diag={"divergence_guard": True, "diag_update_norm_interval": args.probe_every,
+                          "diag_source_dependence_interval": args.probe_every, **getattr(args, "extra_diag", {})})
     name = f"{method}_L{depth}_lr{lr:g}_w{warmup}_s{args.seed}"
     result = sweep.train_one(run, data, arch, depth, args.seed, name=name)
     curves = read_curves(Path(args.out) / "runs" / name)

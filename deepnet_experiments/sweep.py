@@ -12,26 +12,21 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from deepnet_setups.runner import diverged_reason, parse_log
+from deepnet_setups import runner
 
 ROOT = Path(__file__).resolve().parents[1]
-USER_DIR = ROOT / "deepnet_fairseq"
-BIN = Path(sys.executable).parent
 DEFAULT_RAW = ROOT.parent / "shared" / "data" / "multi30k_de_en"
 DEFAULT_ARCHS = "transformer_iwslt_de_en,preln_transformer_iwslt_de_en,deepnet_transformer_iwslt_de_en"
-# CPU-sized model shape (d=64); anything after `--` comes later on the command line and wins.
-TINY_SHAPE = ("--encoder-embed-dim 64 --decoder-embed-dim 64 --encoder-ffn-embed-dim 128 "
-              "--decoder-ffn-embed-dim 128 --encoder-attention-heads 2 --decoder-attention-heads 2").split()
 RUN_FIELDS = ["arch", "depth", "seed", "updates", "final_train_loss", "valid_loss", "bleu", "diverged", "reason",
               "wall_s"]
-# every diagnostic, every update; a caller may pass a leaner list as ``args.diag``
-ALL_DIAGNOSTICS = ("--diag-grad-norms", "--diag-ln-inputs", "--diag-update-norm-interval", "1", "--divergence-guard")
+HOOKS = {"diag_grad_norms": True, "diag_ln_inputs": True}  # per-sublayer gradient norms and LayerNorm inputs
+# every diagnostic, every update; a caller may pass leaner options as ``args.diag``
+ALL_DIAGNOSTICS = {**HOOKS, "diag_update_norm_interval": 1, "divergence_guard": True}
 CURVE_METRICS = ("loss", "nll_loss", "gnorm", "update_norm", "src_dep")  # and every gnorm_/lnin_/xattn_ metric
 
 
@@ -84,18 +79,6 @@ def parse_args(argv):
     return args
 
 
-def run_checked(cmd, log_path):
-    with open(log_path, "w") as log:
-        proc = subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, env=child_env())
-    return proc.returncode
-
-
-def child_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
 def build_default_data(out, pairs):
     """First `pairs` Multi30k de-en training pairs, 200 valid, 200 test; joined dictionary."""
     dest = out / "data"
@@ -110,9 +93,9 @@ def build_default_data(out, pairs):
         for lang in ("de", "en"):
             lines = (DEFAULT_RAW / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             (tmp / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    rc = run_checked([BIN / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", tmp / "train",
-                      "--validpref", tmp / "valid", "--testpref", tmp / "test", "--destdir", tmp / "bin",
-                      "--joined-dictionary", "--workers", "1"], tmp / "preprocess.log")
+    rc = runner.run_quiet([runner.BIN_DIR / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref",
+                           tmp / "train", "--validpref", tmp / "valid", "--testpref", tmp / "test", "--destdir",
+                           tmp / "bin", "--joined-dictionary", "--workers", "1"], tmp / "preprocess.log")
     if rc != 0:
         raise SystemExit(f"depth_sweep: fairseq-preprocess failed, see {tmp / 'preprocess.log'}")
     shutil.rmtree(dest, ignore_errors=True)
@@ -121,11 +104,17 @@ def build_default_data(out, pairs):
     return dest / "bin"
 
 
-def schedule(warmup):
-    """inverse_sqrt with ``warmup`` linear warm-up updates from 1e-7; 0 = no warm-up (constant lr)."""
-    if warmup == 0:
-        return ["--lr-scheduler", "fixed"]
-    return ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", warmup, "--warmup-init-lr", "1e-07"]
+def train_options(args, arch, depth, seed, run_dir):
+    """One run's fairseq-train options: ``args`` as the CLI parses them, a caller's ``args.diag`` (the
+    diagnostics, default all of them) and ``args.options`` (more options, e.g. an init) if given."""
+    return {"task": "translation", "arch": arch, "encoder_layers": depth, "decoder_layers": depth,
+            **(runner.SHAPES["tiny"] if args.tiny else {}), "share_decoder_input_output_embed": True,
+            **runner.ADAM, "clip_norm": 0.0, "lr": args.lr, **runner.schedule(args.warmup), "dropout": 0.1,
+            "criterion": "diagnostic_label_smoothed_cross_entropy", "label_smoothing": 0.1,
+            **getattr(args, "diag", ALL_DIAGNOSTICS), "max_tokens": args.max_tokens, "max_update": args.updates,
+            "seed": seed, **runner.CPU_LOG_EVERY_UPDATE, "save_dir": run_dir / "checkpoints",
+            "no_epoch_checkpoints": True, "no_last_checkpoints": True, "no_save": not args.bleu,
+            **getattr(args, "options", {})}
 
 
 def train_one(args, data, arch, depth, seed, name=None):
@@ -134,24 +123,15 @@ def train_one(args, data, arch, depth, seed, name=None):
         return json.loads((run_dir / "result.json").read_text())
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cmd = [BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--task", "translation", "--arch", arch,
-           "--encoder-layers", depth, "--decoder-layers", depth, *(TINY_SHAPE if args.tiny else []),
-           "--share-decoder-input-output-embed",
-           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-           "--lr", args.lr, *schedule(args.warmup), "--dropout", "0.1",
-           "--criterion", "diagnostic_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-           *getattr(args, "diag", ALL_DIAGNOSTICS),
-           "--max-tokens", args.max_tokens, "--max-update", args.updates, "--seed", seed, "--cpu",
-           "--log-format", "json", "--log-interval", "1", "--save-dir", run_dir / "checkpoints",
-           "--no-epoch-checkpoints", "--no-last-checkpoints", "--num-workers", "0",
-           *([] if args.bleu else ["--no-save"]), *args.extra]
-    (run_dir / "command.txt").write_text(" ".join(map(str, cmd)) + "\n")
+    # anything after `--` (args.extra) comes last on the command line and wins
+    cmd = runner.fairseq_command("fairseq-train", data, train_options(args, arch, depth, seed, run_dir), args.extra)
+    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     start = time.time()
-    rc = run_checked(cmd, run_dir / "train.log")
+    rc = runner.run_quiet(cmd, run_dir / "train.log")
     wall = time.time() - start
     text = (run_dir / "train.log").read_text(errors="replace")
-    inner, valid = parse_log(text)
-    reason = diverged_reason(text, inner, rc)
+    inner, valid = runner.parse_log(text)
+    reason = runner.diverged_reason(text, inner, rc)
     if rc != 0 and not reason.startswith(("training diverged", "non-finite")):
         raise SystemExit(f"depth_sweep: run failed (not a divergence), see {run_dir / 'train.log'}: {reason}")
     tail = [float(r["loss"]) for r in inner[-10:] if "loss" in r]
@@ -178,9 +158,9 @@ def train_one(args, data, arch, depth, seed, name=None):
 
 def bleu(run_dir, data):
     gen_log = run_dir / "generate.log"
-    rc = run_checked([BIN / "fairseq-generate", data, "--user-dir", USER_DIR, "--path",
-                      run_dir / "checkpoints" / "checkpoint_best.pt", "--gen-subset", "test", "--beam", "1",
-                      "--max-tokens", "4000", "--cpu", "--scoring", "sacrebleu"], gen_log)
+    options = {"path": run_dir / "checkpoints" / "checkpoint_best.pt", "gen_subset": "test", "beam": 1,
+               "max_tokens": 4000, "cpu": True, "scoring": "sacrebleu"}
+    rc = runner.run_quiet(runner.fairseq_command("fairseq-generate", data, options), gen_log)
     m = re.search(r"BLEU = ([0-9.]+)", gen_log.read_text(errors="replace")) if rc == 0 else None
     return float(m.group(1)) if m else ""
 

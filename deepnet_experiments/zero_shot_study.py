@@ -31,8 +31,9 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from deepnet_setups import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -279,17 +280,15 @@ def main(argv=None):
                             folder = runs / f"seed{seed}" / "opus100" / variant / f"{depth.replace(',', 'L-')}L"
                             args = [*common, f"train.seed={seed}", f"train.extra_args=[{','.join(extra)}]",
                                     *opts.overrides, f"train.max_update={stage}", "--run-dir", folder]
-                            marker = folder / "eval" / f"evaluated_at_{stage}"
-                            if marker.exists():
+                            if runner.stage_done(folder, stage):
                                 print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)
                                 continue
-                            start = time.time()
                             run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, "--cpu",
                                  *args])
                             run(["bash", SCRIPTS / "evaluate.sh", "--config", CONFIG, "--arch", arch, "--layers",
                                  depth, "--cpu", *args])
                             if not opts.dry_run:
-                                marker.write_text(f"{time.time() - start:.1f} s\n")
+                                runner.mark_stage(folder, stage)
                                 write_summary(read_records(results), out)
             if opts.dry_run:
                 return 0

@@ -33,6 +33,11 @@ SHAPES = {
 }
 
 
+def shape_name(shape):
+    """A shape as the papers write it: width-FFN-heads, e.g. "64-128-2"."""
+    return f"{shape['encoder_embed_dim']}-{shape['encoder_ffn_embed_dim']}-{shape['encoder_attention_heads']}"
+
+
 def fairseq_options(options):
     """fairseq's command-line form of ``{option_name: value}`` (names as in fairseq's dataclasses, with
     underscores): True is a bare flag, False and None leave the option out, anything else is one value."""
@@ -46,19 +51,42 @@ def fairseq_options(options):
     return args
 
 
+def fairseq_args(data, options, extra=()):
+    """``[data, --user-dir USER_DIR, *options..., *extra]`` as strings: fairseq's arguments without the
+    program, for its parser in this process; ``extra`` (verbatim fairseq arguments) comes last, so it wins
+    over ``options`` as in fairseq's own parser."""
+    return [str(data), "--user-dir", str(USER_DIR), *fairseq_options(options), *map(str, extra)]
+
+
 def fairseq_command(program, data, options, extra=()):
-    """``[BIN_DIR/program, data, --user-dir USER_DIR, *options..., *extra]`` as strings; ``extra`` (verbatim
-    fairseq arguments) comes last, so it wins over ``options`` as in fairseq's own parser."""
+    """``[BIN_DIR/program, *fairseq_args(data, options, extra)]``."""
     path = BIN_DIR / program
-    return [str(path if path.exists() else program), str(data), "--user-dir", str(USER_DIR),
-            *fairseq_options(options), *map(str, extra)]
+    return [str(path if path.exists() else program), *fairseq_args(data, options, extra)]
+
+
+# -- what the drivers' small runs share ----------------------------------------------------------------
+
+ADAM = {"optimizer": "adam", "adam_betas": "(0.9, 0.98)"}  # the papers' Adam (fairseq's IWSLT recipe)
+# a small run on this machine: CPU, batches loaded in the trainer's process, the JSON log parse_log reads
+CPU_LOG_EVERY_UPDATE = {"cpu": True, "num_workers": 0, "log_format": "json", "log_interval": 1}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # for jobs run side by side, one core each
+
+
+def schedule(warmup, init_lr=1e-7):
+    """inverse_sqrt after ``warmup`` linear warm-up updates from ``init_lr`` (None: fairseq's default);
+    no warm-up (0): a constant lr."""
+    if warmup == 0:
+        return {"lr_scheduler": "fixed"}
+    return {"lr_scheduler": "inverse_sqrt", "warmup_updates": warmup, "warmup_init_lr": init_lr}
 
 
 def child_env(**extra):
-    """The environment for a fairseq child: one thread (two busy threads on two cores run ~30x slower),
-    unbuffered output, this Python's scripts first on PATH."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               MKL_NUM_THREADS=os.environ.get("MKL_NUM_THREADS", "1"), PYTHONUNBUFFERED="1", **extra)
+    """The environment for a fairseq child: one thread unless set (two busy threads on two cores run ~30x
+    slower), unbuffered output, this Python's scripts first on PATH; ``extra`` (e.g. ``**ONE_THREAD``) last."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env.update(extra)
     env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -169,6 +197,14 @@ def run(cmd, log_path, env, on_line=None, forward_as=None):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return proc.wait()
+
+
+def run_quiet(cmd, log_path, env=None):
+    """Run ``cmd`` with its output in ``log_path`` only (overwritten): a driver's job, one thread unless
+    ``env`` says otherwise. Returns the exit status."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        return subprocess.run([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
+                              env=child_env(**ONE_THREAD) if env is None else env).returncode
 
 
 def parse_log(text):

@@ -47,6 +47,19 @@ def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
     assert study.main(["--seeds", "x", "--dry-run"]) == 2
 
 
+def test_a_stage_marked_done_is_skipped(tmp_path, capsys):
+    from deepnet_setups import runner
+
+    runs = tmp_path / "r"
+    runner.mark_stage(runs / "seed1" / "opus100" / "deepnet" / "6L-6L", 100)
+    assert study.main(["--dry-run", "--archs", "deepnet", "--seeds", "1", "--stages", "100,200",
+                       "--work", str(tmp_path / "w"), "--runs", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "6L-6L: stage 100 done" in out
+    trains = [line for line in out.splitlines() if "train_opus100.sh" in line]
+    assert len(trains) == 1 and "train.max_update=200" in trains[0]
+
+
 def eval_record(arch, seed, updates, bleu, on_target):
     directions = [{"direction": d, "bleu": bleu[d], "target_lang_acc": on_target[d]} for d in bleu]
     return {"kind": "eval", "setup": "opus100", "arch": arch, "encoder_layers": 6, "decoder_layers": 6,
