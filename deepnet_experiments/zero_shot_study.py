@@ -1,8 +1,10 @@
-"""Zero-shot study at small scale (issue 28): Post-LN, Pre-LN and DeepNet trained English-centric on the
+"""Zero-shot study at small scale (issues 28, 33): Post-LN, Pre-LN and DeepNet trained English-centric on the
 shared Multi30k (de<->en, en<->fr), tested on the three-way parallel test2016 in all six directions,
-zero-shot de<->fr included: sacreBLEU and target-language accuracy, with the spread over seeds.
+zero-shot de<->fr included: sacreBLEU, chrF++, target-language accuracy and the pivot through English, with
+the spread over seeds, for each language-tag strategy and remedy asked for.
 
     python -m deepnet_experiments.zero_shot_study [--archs postln,preln,deepnet,deepnet_source] [--layers 6,6 ...]
+        [--lang-tags s-enc-t-dec,t-enc,t-enc-t-dec] [--remedies none,residual_drop] [--train-pairs disjoint]
         [--seeds 1,2,3] [--stages 1500,3000,4500] [--work DIR] [--runs DIR] [--out DIR] [--dry-run]
         [--summary-only] [key=value ...]
 
@@ -10,7 +12,9 @@ Everything goes through the shipped OPUS-100 scripts (configs/opus100.yaml): the
 out in OPUS-100's raw layout under WORK/raw, then scripts/prepare_opus100.sh, binarize.sh, and for each
 stage S, each depth, seed and variant, train_opus100.sh to S updates (a run resumes from its
 checkpoint_last.pt, so each stage continues the previous one) and evaluate.sh (average of the last 5
-update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<variant>/<N>L-<M>L; the records go
+update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<variant>[_<tags>][_rdrop<K>]/<N>L-<M>L
+(the tags where they are not s-enc-t-dec, the setups' default; K the encoder layer without its
+self-attention residual); the records go
 to RUNS/results.jsonl. A marker eval/evaluated_at_<S> skips finished work, so rerunning the same
 command continues an interrupted study. The stages show where the supervised directions stop improving.
 
@@ -43,6 +47,8 @@ VARIANTS = {"postln": ("postln", []), "preln": ("preln", []), "deepnet": ("deepn
             "deepnet_source": ("deepnet", ["--deepnorm-init", "source"])}
 ARCHS = tuple(VARIANTS)
 ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_source": "DeepNet, source init"}
+LANG_TAGS = ("s-enc-t-dec", "t-enc", "t-enc-t-dec")  # deepnet_setups.lang_tags.STRATEGIES; the first: the setups'
+REMEDIES = ("none", "residual_drop")  # residual_drop: --encoder-drop-residual-layer at the middle encoder layer
 SUPERVISED = ("de-en", "en-de", "en-fr", "fr-en")
 ZERO_SHOT = ("de-fr", "fr-de")
 DATA = ["data.langs=[de,en,fr]", "data.lang_pairs=[de-en,en-de,en-fr,fr-en]", "data.zero_shot_pairs=[de-fr,fr-de]"]
@@ -60,11 +66,15 @@ class StudyError(Exception):
     pass
 
 
-def opus_layout(shared, raw, max_train=None, test_lines=None):
+def opus_layout(shared, raw, max_train=None, test_lines=None, train_pairs="shared"):
     """Multi30k de-en and en-fr in OPUS-100's raw layout under ``raw`` (supervised train/dev/test), de-fr's
-    test as zero-shot; ``max_train`` / ``test_lines`` cut the files (None: all lines). Skipped if done."""
+    test as zero-shot; ``max_train`` / ``test_lines`` cut the files (None: all lines). ``train_pairs``
+    "disjoint" trains de-en on the first half of the captions and en-fr on the second, so that no English
+    target of one pair is an English source of the other, as in real English-centric data ("shared": both
+    on all of them, issue 28's study). Skipped if done."""
     marker = raw / ".done"
-    wanted = json.dumps({"max_train": max_train, "test_lines": test_lines})
+    wanted = json.dumps({"max_train": max_train, "test_lines": test_lines}
+                        | ({"train_pairs": train_pairs} if train_pairs != "shared" else {}))
     if marker.exists():
         if marker.read_text() != wanted:
             raise StudyError(f"{raw} was laid out with {marker.read_text()}, not {wanted}: use another --work")
@@ -81,6 +91,9 @@ def opus_layout(shared, raw, max_train=None, test_lines=None):
                 if not source.exists():
                     raise StudyError(f"{source}: missing (--shared-data)")
                 lines = source.read_text(encoding="utf-8").splitlines()[:limit]
+                if split == "train" and train_pairs == "disjoint":
+                    half = len(lines) // 2
+                    lines = lines[:half] if corpus == "de-en" else lines[half:]
                 (folder / f"opus.{corpus}-{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     marker.write_text(wanted)
 
@@ -100,6 +113,26 @@ class Runner:
             handle.write(line + "\n")
         if subprocess.run([str(c) for c in cmd]).returncode != 0:
             raise StudyError(f"failed: {line}")
+
+
+def run_variant(variant, lang_tags, remedy, encoder_layers):
+    """(folder name, the setups' --arch, its overrides) of one study run: the variant, its language tags
+    where they are not the setups' default, and the remedy where there is one."""
+    arch, extra = VARIANTS[variant]
+    name = variant + ("" if lang_tags == LANG_TAGS[0] else f"_{lang_tags}")
+    if remedy == "residual_drop":  # Liu et al. 2021 drop it in a middle encoder layer
+        extra = [*extra, "--encoder-drop-residual-layer", str(encoder_layers // 2)]
+        name += f"_rdrop{encoder_layers // 2}"
+    return name, arch, [f"data.lang_tags={lang_tags}", f"train.extra_args=[{','.join(extra)}]"]
+
+
+def model_name(folder_name):
+    """'DeepNet, source init, t-enc, residual drop 3' for a run folder named deepnet_source_t-enc_rdrop3."""
+    variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if folder_name.startswith(v)), folder_name)
+    parts = [ARCH_NAMES.get(variant, variant)]
+    for part in filter(None, folder_name[len(variant):].split("_")):
+        parts.append(f"residual drop {part[5:]}" if part.startswith("rdrop") else part)
+    return ", ".join(parts)
 
 
 def seed_of(run_dir):
@@ -134,7 +167,7 @@ def summarise(records):
     rows = []
     for (arch, enc, dec, updates), runs in sorted(groups.items(), key=lambda x: (x[0][1], ARCHS.index(x[0][0])
                                                                                 if x[0][0] in ARCHS else 9, x[0][3])):
-        row = {"arch": arch, "model": ARCH_NAMES.get(arch, arch), "layers": f"{enc}L-{dec}L", "updates": updates,
+        row = {"arch": arch, "model": model_name(arch), "layers": f"{enc}L-{dec}L", "updates": updates,
                "seeds": ",".join(str(s) for s, _ in sorted(runs))}
         per_direction = {}
         for _, record in runs:
@@ -144,8 +177,7 @@ def summarise(records):
             found = per_direction.get(direction, [])
             row[f"{direction} bleu"] = mean_sd([d["bleu"] for d in found])
             row[f"{direction} on-target"] = mean_sd([d.get("target_lang_acc") for d in found])
-        for name, directions, field in (("supervised bleu", SUPERVISED, "bleu"), ("zero-shot bleu", ZERO_SHOT, "bleu"),
-                                        ("zero-shot on-target", ZERO_SHOT, "target_lang_acc")):
+        for name, directions, field in AGGREGATES:
             per_run = []
             for _, record in runs:
                 values = [d.get(field) for d in record.get("directions", []) if d["direction"] in directions]
@@ -157,9 +189,14 @@ def summarise(records):
     return rows
 
 
+# (column, directions, the direction record's field): each run's mean over the directions, then over seeds
+AGGREGATES = (("supervised bleu", SUPERVISED, "bleu"), ("zero-shot bleu", ZERO_SHOT, "bleu"),
+              ("zero-shot chrf", ZERO_SHOT, "chrf"), ("pivot bleu", ZERO_SHOT, "pivot_bleu"),
+              ("zero-shot / pivot", ZERO_SHOT, "zero_shot_over_pivot"),
+              ("zero-shot on-target", ZERO_SHOT, "target_lang_acc"), ("pivot on-target", ZERO_SHOT, "pivot_target_lang_acc"))
 COLUMNS = ([f"{d} bleu" for d in SUPERVISED] + [f"{d} bleu" for d in ZERO_SHOT]
            + [f"{d} on-target" for d in SUPERVISED + ZERO_SHOT]
-           + ["supervised bleu", "zero-shot bleu", "zero-shot on-target", "train wall s (this stage)"])
+           + [name for name, _, _ in AGGREGATES] + ["train wall s (this stage)"])
 
 
 def fmt(value, digits):
@@ -184,7 +221,8 @@ def write_summary(records, out):
              "| " + " | ".join(head + names) + " |", "|" + "---|" * (len(head) + len(names))]
     for row in rows:
         cells = [row["model"], row["layers"], str(row["updates"]), row["seeds"]]
-        cells += [fmt(row[c], 0 if c.startswith("train wall") else 1 if "on-target" in c else 2) for c in COLUMNS]
+        cells += [fmt(row[c], 0 if c.startswith("train wall") else 1 if "on-target" in c else 3 if "/" in c else 2)
+                  for c in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     (out / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(rows, out / "zero_shot.png")
@@ -237,6 +275,12 @@ def main(argv=None):
     parser.add_argument("overrides", nargs="*", help="section.key=value for every stage (after the study's own)")
     parser.add_argument("--archs", default="postln,preln,deepnet", help=f"of {', '.join(ARCHS)}")
     parser.add_argument("--layers", action="append", help="N,M (repeat for more depths; default 6,6)")
+    parser.add_argument("--lang-tags", default=LANG_TAGS[0], help=f"language-tag strategies, of {', '.join(LANG_TAGS)}")
+    parser.add_argument("--remedies", default="none", help=f"of {', '.join(REMEDIES)} (residual_drop: no residual "
+                        "around the self-attention of the middle encoder layer, N // 2)")
+    parser.add_argument("--train-pairs", choices=("shared", "disjoint"), default="shared",
+                        help="disjoint: de-en and en-fr trained on disjoint halves of the captions (default: both "
+                             "on all, as issue 28's study)")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--stages", default="1500,3000,4500", help="updates at which to stop and evaluate")
     parser.add_argument("--work", default="work/zero_shot_m30k", help="raw layout, prepared and binarised data")
@@ -252,6 +296,9 @@ def main(argv=None):
         archs = csv_list(opts.archs)
         if not archs or set(archs) - set(ARCHS):
             raise StudyError(f"--archs: of {', '.join(ARCHS)}, got {opts.archs!r}")
+        tag_choices, remedies = csv_list(opts.lang_tags), csv_list(opts.remedies)
+        if not tag_choices or set(tag_choices) - set(LANG_TAGS) or not remedies or set(remedies) - set(REMEDIES):
+            raise StudyError(f"--lang-tags of {', '.join(LANG_TAGS)}; --remedies of {', '.join(REMEDIES)}")
         layers = opts.layers or ["6,6"]
         if not all(re.fullmatch(r"[1-9]\d*,[1-9]\d*", x) for x in layers):
             raise StudyError(f"--layers must be N,M, got {layers}")
@@ -268,18 +315,18 @@ def main(argv=None):
             run = Runner(runs / "commands.txt", opts.dry_run)
             common = DATA + SETTINGS + [f"paths.work={work}", f"paths.results={results}"]
             if not opts.dry_run:
-                opus_layout(Path(opts.shared_data), work / "raw", opts.max_train, opts.test_lines)
+                opus_layout(Path(opts.shared_data), work / "raw", opts.max_train, opts.test_lines, opts.train_pairs)
             run(["bash", SCRIPTS / "prepare_opus100.sh", "--raw-dir", work / "raw", "--workers", "2", *common,
                  *opts.overrides])
             run(["bash", SCRIPTS / "binarize.sh", "--config", CONFIG, "--workers", "2", *common, *opts.overrides])
             for stage in stages:
                 for depth in layers:
                     for seed in seeds:
-                        for variant in archs:
-                            arch, extra = VARIANTS[variant]
-                            folder = runs / f"seed{seed}" / "opus100" / variant / f"{depth.replace(',', 'L-')}L"
-                            args = [*common, f"train.seed={seed}", f"train.extra_args=[{','.join(extra)}]",
-                                    *opts.overrides, f"train.max_update={stage}", "--run-dir", folder]
+                        for variant, lang_tags, remedy in ((v, t, r) for v in archs for t in tag_choices for r in remedies):
+                            name, arch, variant_args = run_variant(variant, lang_tags, remedy, int(depth.split(",")[0]))
+                            folder = runs / f"seed{seed}" / "opus100" / name / f"{depth.replace(',', 'L-')}L"
+                            args = [*common, f"train.seed={seed}", *variant_args, *opts.overrides,
+                                    f"train.max_update={stage}", "--run-dir", folder]
                             if runner.stage_done(folder, stage):
                                 print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)
                                 continue

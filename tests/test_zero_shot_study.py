@@ -27,6 +27,35 @@ def test_opus_layout_of_multi30k_is_three_way_parallel(tmp_path):
         study.opus_layout(SHARED_DATA, raw, max_train=60, test_lines=7)
 
 
+def test_disjoint_training_pairs_share_no_caption(tmp_path):
+    """Issue 33: de-en and en-fr trained on disjoint halves, so no English side of one pair is in the other."""
+    raw = tmp_path / "raw"
+    study.opus_layout(SHARED_DATA, raw, max_train=40, test_lines=5, train_pairs="disjoint")
+    read = lambda p: (raw / p).read_text(encoding="utf-8").splitlines()  # noqa: E731
+    de_en, en_fr = read("supervised/de-en/opus.de-en-train.en"), read("supervised/en-fr/opus.en-fr-train.en")
+    everything = (SHARED_DATA / "multi30k_de_en/train.en").read_text(encoding="utf-8").splitlines()[:40]
+    assert de_en == everything[:20] and en_fr == everything[20:]
+    assert read("supervised/en-fr/opus.en-fr-train.fr")[0] == (
+        SHARED_DATA / "multi30k_en_fr/train.fr").read_text(encoding="utf-8").splitlines()[20]  # still aligned
+    with pytest.raises(study.StudyError, match="use another --work"):
+        study.opus_layout(SHARED_DATA, raw, max_train=40, test_lines=5)  # laid out otherwise
+
+
+def test_runs_of_each_tag_strategy_and_remedy_have_their_own_folder(tmp_path, capsys):
+    args = ["--dry-run", "--archs", "deepnet_source", "--lang-tags", "s-enc-t-dec,t-enc", "--remedies",
+            "none,residual_drop", "--seeds", "1", "--stages", "100", "--work", str(tmp_path / "w"),
+            "--runs", str(tmp_path / "r")]
+    assert study.main(args) == 0
+    trains = [line for line in capsys.readouterr().out.splitlines() if "train_opus100.sh" in line]
+    folders = [line.split("--run-dir ")[1].split()[0].split("/")[-2] for line in trains]
+    assert folders == ["deepnet_source", "deepnet_source_rdrop3", "deepnet_source_t-enc", "deepnet_source_t-enc_rdrop3"]
+    assert "data.lang_tags=t-enc" in trains[2] and "data.lang_tags=s-enc-t-dec" in trains[0]
+    assert "train.extra_args=[--deepnorm-init,source,--encoder-drop-residual-layer,3]" in trains[3]
+    assert study.model_name("deepnet_source_t-enc_rdrop3") == "DeepNet, source init, t-enc, residual drop 3"
+    assert study.model_name("preln") == "Pre-LN"
+    assert study.main([*args[:3], "--lang-tags", "x-enc"]) == 2
+
+
 def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
     args = ["--dry-run", "--archs", "preln,deepnet_source", "--seeds", "1,2", "--stages", "200,100",
             "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "r"), "model.heads=2"]
