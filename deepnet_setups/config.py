@@ -1,11 +1,12 @@
-"""One loader for the setup configs (``configs/<setup>.yaml``).
+"""One loader for the setup configs (``configs/<setup>.yaml``), on OmegaConf (fairseq's config library).
 
-A config has fixed sections and keys (``SCHEMA``); an unknown or mistyped key is an error naming the
-key and the file. ``assumed:`` lists the dotted keys whose values the papers do not state (taken
-from fairseq's recipes), so "what is assumed" is machine-readable. Any value can be overridden with
+A config has fixed sections and typed keys (the dataclasses below, one per section; OmegaConf's struct
+mode refuses any other key); an unknown or mistyped key is an error naming the key and the file.
+``assumed:`` lists the dotted keys whose values the papers do not state (taken from fairseq's
+recipes), so "what is assumed" is machine-readable. Any value can be overridden with
 ``section.key=value`` (the value is parsed as YAML: ``train.lr=1e-3``, ``data.test=[test2016]``).
 
-Command line (the shell scripts use this)::
+Command line::
 
     python -m deepnet_setups.config CONFIG [key=value ...] --get train.lr
     python -m deepnet_setups.config CONFIG [key=value ...] --shell   # cfg_train_lr=0.0005 ...
@@ -13,124 +14,20 @@ Command line (the shell scripts use this)::
 """
 
 import argparse
+import dataclasses
 import shlex
 import sys
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-NUM = (int, float)
-OPT_STR = (str, type(None))
-OPT_INT = (int, type(None))
-OPT_NUM = (int, float, type(None))
 
-# section -> key -> (accepted types, default)
-SCHEMA = {
-    "setup": ((str,), None),
-    "description": ((str,), ""),
-    "assumed": ((list,), []),
-    "data": {
-        "kind": ((str,), "bilingual"),  # bilingual | multilingual
-        "layout": ((str,), "plain"),  # plain | iwslt_archive | wmt_archives | opus100
-        "source_lang": (OPT_STR, None),  # bilingual
-        "target_lang": (OPT_STR, None),
-        "langs": ((list,), []),  # multilingual: every language (order fixes language-token ids)
-        "lang_pairs": ((list,), []),  # multilingual training directions, "src-tgt"
-        "zero_shot_pairs": ((list,), []),  # evaluated, never trained
-        "downloads": ((list,), []),  # [{url: ..., sha256: ... or null}]
-        "train": ((list,), []),  # raw file prefixes (plain layout: <prefix>.<lang>)
-        "valid": ((list,), []),  # empty: every valid_every-th training pair is held out
-        "test": ((list,), []),
-        "valid_every": ((int,), 23),
-    },
-    "prep": {
-        "tokenizer": ((str,), "moses"),  # moses | none
-        "moses_escape": ((bool,), True),
-        "aggressive_dash_splits": ((bool,), False),
-        "lowercase": ((bool,), False),
-        "clean_ratio": (NUM, 1.5),
-        "clean_min_len": ((int,), 1),
-        "clean_max_len": ((int,), 175),
-        "segmenter": ((str,), "bpe"),  # bpe (subword-nmt) | sentencepiece
-        "bpe_merges": ((int,), 10000),
-        "spm_vocab_size": ((int,), 32000),
-        "spm_model_type": ((str,), "unigram"),
-        "spm_character_coverage": (NUM, 1.0),
-        "spm_sample_temperature": (NUM, 5.0),
-        "spm_sample_sentences": ((int,), 1000000),
-        "max_train_lines": (OPT_INT, None),  # per corpus; null = all
-    },
-    "binarize": {
-        "workers": ((int,), 8),
-    },
-    "model": {
-        "size": ((str,), ""),  # a size variant of deepnet_fairseq.models.sizes
-        "encoder_layers": ((int,), 6),
-        "decoder_layers": ((int,), 6),
-        "embed_dim": (OPT_INT, None),  # null: the size variant's value
-        "ffn_dim": (OPT_INT, None),
-        "heads": (OPT_INT, None),
-        "share_all_embeddings": ((bool,), True),
-        "share_decoder_input_output_embed": ((bool,), False),
-        "checkpoint_activations": ((bool,), False),
-    },
-    "train": {
-        "optimizer": ((str,), "adam"),
-        "adam_betas": ((str,), "(0.9, 0.98)"),
-        "clip_norm": (NUM, 0.0),
-        "lr": (NUM, 5e-4),
-        "lr_scheduler": ((str,), "inverse_sqrt"),
-        "warmup_updates": ((int,), 4000),
-        "warmup_init_lr": (NUM, 1e-7),
-        "dropout": (NUM, 0.3),
-        "attention_dropout": (NUM, 0.0),
-        "weight_decay": (NUM, 0.0001),
-        "criterion": ((str,), "label_smoothed_cross_entropy"),
-        "label_smoothing": (NUM, 0.1),
-        "max_tokens": ((int,), 4096),  # per GPU (per process) and step
-        "batch_tokens": ((int,), 4096),  # effective tokens per update: max_tokens x world x update_freq
-        # GPU memory (GiB) max_tokens was sized for; the launcher then scales max_tokens to the GPU's
-        # memory, keeping batch_tokens (update-freq follows). null: max_tokens as given
-        "max_tokens_gpu_gib": (OPT_NUM, None),
-        "max_update": ((int,), 8000),
-        "max_epoch": (OPT_INT, None),
-        "save_interval_updates": ((int,), 1000),
-        "keep_interval_updates": ((int,), 10),
-        "no_epoch_checkpoints": ((bool,), True),
-        "validate_interval_updates": ((int,), 1000),
-        "log_interval": ((int,), 100),
-        "seed": ((int,), 1),
-        "precision": ((str,), "fp16"),  # fp16 | bf16 | fp32, on GPU (on CPU always fp32; docs/setups.md)
-        "fp16": ((bool, type(None)), None),  # old spelling: true = precision fp16, false = precision fp32
-        # fp16's dynamic loss scaler (fairseq's options and defaults; docs/setups.md, "Precision")
-        "fp16_init_scale": ((int,), 128),
-        "fp16_scale_window": (OPT_INT, None),  # null: fairseq's 2**14 / (world size x update-freq)
-        "fp16_scale_tolerance": (NUM, 0.0),
-        "min_loss_scale": (NUM, 1e-4),  # fairseq stops with "Minimum loss scale reached" below this
-        "threshold_loss_scale": (OPT_NUM, None),
-        "ddp_backend": ((str,), "c10d"),
-        "sampling_temperature": (NUM, 5.0),  # multilingual: language sampling
-        "extra_args": ((list,), []),  # any further fairseq-train options, verbatim
-    },
-    "eval": {
-        "subset": ((str,), "test"),
-        "average_last": ((int,), 5),
-        "beam": ((int,), 5),
-        "lenpen": (NUM, 1.0),
-        "max_tokens": ((int,), 8000),
-        "max_len_a": (NUM, 0),  # output length limit a*source+b (fairseq's defaults)
-        "max_len_b": ((int,), 200),
-        "metric": ((str,), "tok_bleu"),  # tok_bleu | compound_split_bleu | sacrebleu
-        "sacrebleu_tokenize": ((str,), "13a"),
-        "groups": ((dict,), {}),  # multilingual: group name -> list of directions or "x-en"/"en-x" patterns
-    },
-    "paths": {
-        "work": ((str,), "work/{setup}"),  # prepared text and binarised data
-        "runs": ((str,), "runs"),  # run folders: <runs>/<setup>/<arch>/<N>L-<M>L
-        "results": ((str,), "runs/results.jsonl"),
-    },
-}
-
+# the keys that take one of a few values, and those values
 CHOICES = {
     "data.kind": ("bilingual", "multilingual"),
     "data.layout": ("plain", "iwslt_archive", "wmt_archives", "opus100"),
@@ -141,77 +38,192 @@ CHOICES = {
 }
 
 
+@dataclass
+class DataConfig:
+    kind: str = "bilingual"
+    layout: str = "plain"
+    source_lang: Optional[str] = None  # bilingual
+    target_lang: Optional[str] = None
+    langs: List[str] = field(default_factory=list)  # multilingual: every language (order fixes language-token ids)
+    lang_pairs: List[str] = field(default_factory=list)  # multilingual training directions, "src-tgt"
+    zero_shot_pairs: List[str] = field(default_factory=list)  # evaluated, never trained
+    downloads: List[Any] = field(default_factory=list)  # [{url: ..., sha256: ... or null}]
+    train: List[str] = field(default_factory=list)  # raw file prefixes (plain layout: <prefix>.<lang>)
+    valid: List[str] = field(default_factory=list)  # empty: every valid_every-th training pair is held out
+    test: List[str] = field(default_factory=list)
+    valid_every: int = 23
+
+
+@dataclass
+class PrepConfig:
+    tokenizer: str = "moses"
+    moses_escape: bool = True
+    aggressive_dash_splits: bool = False
+    lowercase: bool = False
+    clean_ratio: float = 1.5
+    clean_min_len: int = 1
+    clean_max_len: int = 175
+    segmenter: str = "bpe"  # subword-nmt's BPE or sentencepiece
+    bpe_merges: int = 10000
+    spm_vocab_size: int = 32000
+    spm_model_type: str = "unigram"
+    spm_character_coverage: float = 1.0
+    spm_sample_temperature: float = 5.0
+    spm_sample_sentences: int = 1000000
+    max_train_lines: Optional[int] = None  # per corpus; null = all
+
+
+@dataclass
+class BinarizeConfig:
+    workers: int = 8
+
+
+@dataclass
+class ModelConfig:
+    size: str = ""  # a size variant of deepnet_fairseq.models.sizes
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    embed_dim: Optional[int] = None  # null: the size variant's value
+    ffn_dim: Optional[int] = None
+    heads: Optional[int] = None
+    share_all_embeddings: bool = True
+    share_decoder_input_output_embed: bool = False
+    checkpoint_activations: bool = False
+
+
+@dataclass
+class TrainConfig:
+    # by fairseq's option names: deepnet_setups.launch passes each key on as a fairseq-train option,
+    # except its own (launch.LAUNCHER_KEYS)
+    optimizer: str = "adam"
+    adam_betas: str = "(0.9, 0.98)"
+    clip_norm: float = 0.0
+    lr: float = 5e-4
+    lr_scheduler: str = "inverse_sqrt"
+    warmup_updates: int = 4000
+    warmup_init_lr: float = 1e-7
+    dropout: float = 0.3
+    attention_dropout: float = 0.0
+    weight_decay: float = 0.0001
+    criterion: str = "label_smoothed_cross_entropy"
+    label_smoothing: float = 0.1
+    max_tokens: int = 4096  # per GPU (per process) and step
+    batch_tokens: int = 4096  # effective tokens per update: max_tokens x world x update_freq
+    # GPU memory (GiB) max_tokens was sized for; the launcher then scales max_tokens to the GPU's
+    # memory, keeping batch_tokens (update-freq follows). null: max_tokens as given
+    max_tokens_gpu_gib: Optional[float] = None
+    max_update: int = 8000
+    max_epoch: Optional[int] = None
+    save_interval_updates: int = 1000
+    keep_interval_updates: int = 10
+    no_epoch_checkpoints: bool = True
+    validate_interval_updates: int = 1000
+    log_interval: int = 100
+    seed: int = 1
+    precision: str = "fp16"  # on GPU (on CPU always fp32; docs/setups.md)
+    fp16: Optional[bool] = None  # old spelling: true = precision fp16, false = precision fp32
+    # fp16's dynamic loss scaler (fairseq's options and defaults; docs/setups.md, "Precision")
+    fp16_init_scale: int = 128
+    fp16_scale_window: Optional[int] = None  # null: fairseq's 2**14 / (world size x update-freq)
+    fp16_scale_tolerance: float = 0.0
+    min_loss_scale: float = 1e-4  # fairseq stops with "Minimum loss scale reached" below this
+    threshold_loss_scale: Optional[float] = None
+    ddp_backend: str = "c10d"
+    sampling_temperature: float = 5.0  # multilingual: language sampling
+    extra_args: List[str] = field(default_factory=list)  # any further fairseq-train options, verbatim
+
+
+@dataclass
+class EvalConfig:
+    subset: str = "test"
+    average_last: int = 5
+    beam: int = 5
+    lenpen: float = 1.0
+    max_tokens: int = 8000
+    max_len_a: float = 0.0  # output length limit a*source+b (fairseq's defaults)
+    max_len_b: int = 200
+    metric: str = "tok_bleu"
+    sacrebleu_tokenize: str = "13a"
+    groups: Dict[str, Any] = field(default_factory=dict)  # multilingual: group name -> directions or "x-en"/"en-x"
+
+
+@dataclass
+class PathsConfig:
+    work: str = "work/{setup}"  # prepared text and binarised data ({setup}: the setup's name)
+    runs: str = "runs"  # run folders: <runs>/<setup>/<arch>/<N>L-<M>L
+    results: str = "runs/results.jsonl"
+
+
+@dataclass
+class SetupConfig:
+    setup: Optional[str] = None  # required
+    description: str = ""
+    assumed: List[str] = field(default_factory=list)
+    data: DataConfig = field(default_factory=DataConfig)
+    prep: PrepConfig = field(default_factory=PrepConfig)
+    binarize: BinarizeConfig = field(default_factory=BinarizeConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+
+
 class ConfigError(ValueError):
     """A config problem; the message is one line naming the file and key."""
 
 
-def _type_ok(value, types):
-    if bool in types:
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, types)
+def _declared(dotted):
+    """A dotted key's declared type in words: "int", "float or null", "list", ... (KeyError: none)."""
+    hint = SetupConfig
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(hint):
+            raise KeyError(dotted)
+        hint = typing.get_type_hints(hint)[part]
+    optional = type(None) in typing.get_args(hint)  # Optional[X]
+    if optional:
+        hint = typing.get_args(hint)[0]
+    name = "mapping" if dataclasses.is_dataclass(hint) else (typing.get_origin(hint) or hint).__name__
+    return f"{name} or null" if optional else name
 
 
-def _defaults(schema):
-    out = {}
-    for key, spec in schema.items():
-        out[key] = _defaults(spec) if isinstance(spec, dict) else _copy(spec[1])
-    return out
-
-
-def _copy(value):
-    return yaml.safe_load(yaml.safe_dump(value))
-
-
-def _merge(base, given, schema, where, path=""):
-    if not isinstance(given, dict):
-        raise ConfigError(f"{where}: '{path or 'top level'}' must be a mapping")
-    for key, value in given.items():
-        dotted = f"{path}.{key}" if path else str(key)
-        if key not in schema:
-            raise ConfigError(f"{where}: unknown key '{dotted}'")
-        spec = schema[key]
-        if isinstance(spec, dict):
-            _merge(base[key], value, spec, where, dotted)
-            continue
-        types = spec[0]
-        if float in types and isinstance(value, int) and not isinstance(value, bool):
-            value = value if int in types else float(value)
-        if isinstance(value, str) and float in types and not _type_ok(value, types):
-            try:
-                value = float(value)  # YAML 1.1 reads "5e-4" as a string
-            except ValueError:
-                pass
-        if not _type_ok(value, types):
-            names = "/".join(t.__name__ for t in types)
-            raise ConfigError(f"{where}: key '{dotted}' must be {names}, got {value!r}")
-        base[key] = value
-
-
-def _lookup(cfg, dotted):
+def get(cfg, dotted):
+    """The value of a dotted key (``train.lr``) of a loaded config."""
     node = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            raise KeyError(dotted)
+            raise ConfigError(f"unknown key '{dotted}'")
         node = node[part]
     return node
 
 
+def _merge(cfg, key, value, where):
+    """``cfg`` with top-level ``key: value`` merged in; OmegaConf's refusals as one-line ConfigErrors."""
+    try:
+        return OmegaConf.merge(cfg, {key: value})
+    except OmegaConfBaseException as err:
+        dotted = err.full_key or str(key)
+        if isinstance(err, ConfigKeyError):
+            raise ConfigError(f"{where}: unknown key '{dotted}'") from None
+        problem = ": " + str(err).splitlines()[0]  # OmegaConf's words, unless a declared key has the wrong type
+        if isinstance(err, ValidationError):
+            try:
+                problem = f" must be {_declared(dotted)}, got {get({key: value}, dotted)!r}"
+            except (KeyError, ConfigError):
+                pass
+        raise ConfigError(f"{where}: key '{dotted}'{problem}") from None
+
+
 def parse_override(text, where="command line"):
-    """``a.b=value`` -> nested dict ``{a: {b: value}}`` (value parsed as YAML)."""
+    """``section.key=value`` as a nested dict (the value parsed as YAML, by OmegaConf's dotlist)."""
     if "=" not in text:
         raise ConfigError(f"{where}: override '{text}' is not of the form section.key=value")
-    key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        return OmegaConf.to_container(OmegaConf.from_dotlist([text]))
     except yaml.YAMLError as err:  # ReaderError (control characters), ScannerError, ParserError, ...
         reason = " ".join(str(err).split())
         raise ConfigError(f"{where}: override '{text}' has a value that is not valid YAML ({reason})") from None
-    nested = value
-    for part in reversed(key.strip().split(".")):
-        nested = {part: nested}
-    return nested
+    except OmegaConfBaseException as err:  # e.g. an unfinished ${interpolation}
+        raise ConfigError(f"{where}: override '{text}': {str(err).splitlines()[0]}") from None
 
 
 def expand_pairs(patterns, langs):
@@ -240,14 +252,14 @@ def resolve_precision(train, where):
 
 def validate(cfg, where):
     for dotted, choices in CHOICES.items():
-        if _lookup(cfg, dotted) not in choices:
-            raise ConfigError(f"{where}: key '{dotted}' must be one of {', '.join(choices)}, got {_lookup(cfg, dotted)!r}")
+        if get(cfg, dotted) not in choices:
+            raise ConfigError(f"{where}: key '{dotted}' must be one of {', '.join(choices)}, got {get(cfg, dotted)!r}")
     if not cfg["setup"]:
         raise ConfigError(f"{where}: key 'setup' is required")
     for dotted in cfg["assumed"]:
         try:
-            _lookup(SCHEMA, dotted)
-        except KeyError:
+            get(cfg, dotted)
+        except ConfigError:
             raise ConfigError(f"{where}: 'assumed' names unknown key '{dotted}'") from None
     data = cfg["data"]
     if data["kind"] == "bilingual":
@@ -275,44 +287,40 @@ def validate(cfg, where):
                           "train.fp16_scale_tolerance in [0, 1)")
     for dotted in ("train.max_tokens", "train.batch_tokens", "model.encoder_layers", "model.decoder_layers",
                    "eval.average_last", "eval.beam"):
-        if _lookup(cfg, dotted) < 1:
+        if get(cfg, dotted) < 1:
             raise ConfigError(f"{where}: key '{dotted}' must be >= 1")
-    return cfg
 
 
 def load(path, overrides=()):
-    """The resolved config: schema defaults < the file < the overrides. Raises ConfigError."""
+    """The resolved config as plain dicts: the dataclasses' defaults < the file < the overrides.
+    Raises ConfigError."""
     path = Path(path)
     where = str(path)
     if not path.is_file():
         raise ConfigError(f"{where}: config file not found")
-    try:
+    try:  # YAML 1.1 reads "5e-4" as a string; OmegaConf's float keys take it as the number
         given = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from None
-    cfg = _defaults(SCHEMA)
-    _merge(cfg, given, SCHEMA, where)
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: 'top level' must be a mapping")
+    cfg = OmegaConf.structured(SetupConfig)  # struct mode: a key not declared is refused
+    for key, value in given.items():
+        cfg = _merge(cfg, key, value, where)
     for text in overrides:
-        _merge(cfg, parse_override(text), SCHEMA, f"{where} (override '{text}')")
+        for key, value in parse_override(text).items():
+            cfg = _merge(cfg, key, value, f"{where} (override '{text}')")
+    try:
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:  # an ${interpolation} that does not resolve
+        raise ConfigError(f"{where}: key '{err.full_key}': {str(err).splitlines()[0]}") from None
     data = cfg["data"]
-    data["langs"] = [str(lang) for lang in data["langs"]]
     data["lang_pairs"] = expand_pairs(data["lang_pairs"], data["langs"])
     resolve_precision(cfg["train"], where)
     validate(cfg, where)
-    for key in ("work", "runs", "results"):
-        cfg["paths"][key] = cfg["paths"][key].format(setup=cfg["setup"])
+    for key, value in cfg["paths"].items():
+        cfg["paths"][key] = value.replace("{setup}", cfg["setup"])
     return cfg
-
-
-def get(cfg, dotted):
-    try:
-        return _lookup(cfg, dotted)
-    except KeyError:
-        raise ConfigError(f"unknown key '{dotted}'") from None
-
-
-def is_assumed(cfg, dotted):
-    return dotted in cfg["assumed"]
 
 
 def _shell_value(value):
@@ -333,7 +341,7 @@ def shell_assignments(cfg, prefix="cfg", node=None):
     lines = []
     for key, value in node.items():
         name = f"{prefix}_{key}"
-        if node is cfg and isinstance(SCHEMA.get(key), dict):
+        if node is cfg and isinstance(value, dict):  # a section
             lines += shell_assignments(cfg, name, value)
         else:
             lines.append(f"{name}={_shell_value(value)}")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, load
-from .runner import BIN_DIR, PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, run
+from .runner import BIN_DIR, PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, fairseq_options, run
 
 ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
 # fairseq's own Post-LN architecture for each size variant of deepnet_fairseq.models.sizes
@@ -106,21 +106,31 @@ def run_dir(cfg, arch, layers):
     return Path(cfg["paths"]["runs"]) / cfg["setup"] / arch / f"{layers[0]}L-{layers[1]}L"
 
 
+# fp16's dynamic loss scaler: fairseq-train options, given with --fp16 only (precision_args)
+FP16_SCALER_KEYS = ("fp16_init_scale", "fp16_scale_window", "fp16_scale_tolerance", "min_loss_scale",
+                    "threshold_loss_scale")
+# The train keys the launcher reads itself; every other train key is the fairseq-train option of that name.
+LAUNCHER_KEYS = frozenset({
+    "batch_tokens", "max_tokens_gpu_gib",  # --update-freq and --max-tokens follow from them (update_freq, main)
+    "precision", "fp16", *FP16_SCALER_KEYS,  # on GPU only (precision_args); fp16: the old spelling of precision
+    "ddp_backend",  # on GPU only: CPU processes need legacy_ddp
+    "sampling_temperature",  # multilingual only
+    "extra_args",  # verbatim, last, so they win
+})
+# model key -> fairseq's option, given for the encoder and the decoder alike (null: the architecture's)
+SIDE_OPTIONS = {"embed_dim": "embed_dim", "ffn_dim": "ffn_embed_dim", "heads": "attention_heads"}
+
+
 def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir):
     """fairseq-train's options (without the program name) for this setup, arch and depth."""
     data, model, train = cfg["data"], cfg["model"], cfg["train"]
     args = [Path(cfg["paths"]["work"]) / "bin", "--user-dir", USER_DIR,
             "--arch", fairseq_arch(arch, model["size"]),
             "--encoder-layers", layers[0], "--decoder-layers", layers[1]]
-    for key, options in (("embed_dim", ("--encoder-embed-dim", "--decoder-embed-dim")),
-                         ("ffn_dim", ("--encoder-ffn-embed-dim", "--decoder-ffn-embed-dim")),
-                         ("heads", ("--encoder-attention-heads", "--decoder-attention-heads"))):
-        if model[key] is not None:
-            for option in options:
-                args += [option, model[key]]
-    for key in ("share_all_embeddings", "share_decoder_input_output_embed", "checkpoint_activations"):
-        if model[key]:
-            args.append("--" + key.replace("_", "-"))
+    args += fairseq_options({f"{side}_{option}": model[key] for key, option in SIDE_OPTIONS.items()
+                             for side in ("encoder", "decoder")})
+    args += fairseq_options({key: model[key] for key in ("share_all_embeddings", "share_decoder_input_output_embed",
+                                                         "checkpoint_activations")})
     if data["kind"] == "multilingual":
         args += ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
                  "--langs", ",".join(data["langs"]), "--encoder-langtok", "src", "--decoder-langtok",
@@ -129,23 +139,9 @@ def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir)
         # fairseq's translation task, resuming bit-exactly after an interruption (docs/reliability.md)
         args += ["--task", "translation_exact_resume",
                  "--source-lang", data["source_lang"], "--target-lang", data["target_lang"]]
-    args += ["--optimizer", train["optimizer"], "--adam-betas", train["adam_betas"], "--clip-norm", train["clip_norm"],
-             "--lr", train["lr"], "--lr-scheduler", train["lr_scheduler"],
-             "--warmup-updates", train["warmup_updates"], "--warmup-init-lr", train["warmup_init_lr"],
-             "--dropout", train["dropout"], "--attention-dropout", train["attention_dropout"],
-             "--weight-decay", train["weight_decay"], "--criterion", train["criterion"],
-             "--label-smoothing", train["label_smoothing"],
-             "--max-tokens", train["max_tokens"], "--update-freq", update_freq(cfg, world_size),
-             "--max-update", train["max_update"]]
-    if train["max_epoch"]:
-        args += ["--max-epoch", train["max_epoch"]]
-    args += ["--save-interval-updates", train["save_interval_updates"],
-             "--keep-interval-updates", train["keep_interval_updates"],
-             "--validate-interval-updates", train["validate_interval_updates"],
-             "--log-interval", train["log_interval"], "--log-format", "json", "--seed", train["seed"],
-             "--save-dir", save_dir, "--tensorboard-logdir", tensorboard_dir]
-    if train["no_epoch_checkpoints"]:
-        args.append("--no-epoch-checkpoints")
+    args += fairseq_options({**{key: value for key, value in train.items() if key not in LAUNCHER_KEYS},
+                             "update_freq": update_freq(cfg, world_size), "log_format": "json",
+                             "save_dir": save_dir, "tensorboard_logdir": tensorboard_dir})
     if on_gpu:
         args += precision_args(train)
         args += ["--ddp-backend", train["ddp_backend"]]
@@ -164,12 +160,7 @@ def precision_args(train):
         return ["--bf16"]  # no loss scaling: bf16 has fp32's exponent range
     if train["precision"] == "fp32":
         return []
-    args = ["--fp16", "--fp16-init-scale", train["fp16_init_scale"],
-            "--fp16-scale-tolerance", train["fp16_scale_tolerance"], "--min-loss-scale", train["min_loss_scale"]]
-    for key in ("fp16_scale_window", "threshold_loss_scale"):
-        if train[key] is not None:
-            args += ["--" + key.replace("_", "-"), train[key]]
-    return args
+    return fairseq_options({"fp16": True, **{key: train[key] for key in FP16_SCALER_KEYS}})
 
 
 # optional packages a fairseq option needs: (option, value) -> (module, how to install it)

@@ -63,6 +63,21 @@ def test_overrides_are_typed_and_checked():
         cfgmod.load(CONFIGS["opus100"], ["data.zero_shot_pairs=[de-xx]"])
 
 
+def test_yaml_floats_types_and_path_interpolation(tmp_path):
+    """YAML 1.1 reads ``5e-4`` as a string: the float keys take it as the number; a wrong type names
+    the key's declared type; ``{setup}`` and ``${setup}`` in paths are the setup's name."""
+    given = tmp_path / "floats.yaml"
+    given.write_text(CONFIGS["iwslt14_de_en"].read_text().replace("lr: 5.0e-4", "lr: 5e-4"), encoding="utf-8")
+    assert "lr: 5e-4" in given.read_text() and cfgmod.load(given)["train"]["lr"] == 5e-4
+    cfg = cfgmod.load(given, ["paths.work=/scratch/{setup}", "paths.runs=${paths.work}/runs"])
+    assert cfg["paths"]["work"] == "/scratch/iwslt14_de_en" and cfg["paths"]["runs"] == "/scratch/iwslt14_de_en/runs"
+    for override, message in (("model.embed_dim=wide", "key 'model.embed_dim' must be int or null, got 'wide'"),
+                              ("train=5", "key 'train' must be mapping, got 5"),
+                              ("train.extra_args=--seed", "key 'train.extra_args' must be list, got '--seed'")):
+        with pytest.raises(cfgmod.ConfigError, match=re.escape(f"{given} (override '{override}'): {message}")):
+            cfgmod.load(given, [override])
+
+
 def test_shell_assignments_round_trip():
     lines = cfgmod.shell_assignments(cfgmod.load(CONFIGS["iwslt14_de_en"]))
     assert "cfg_train_lr=0.0005" in lines and "cfg_prep_lowercase=1" in lines
@@ -242,7 +257,7 @@ def test_precision_options_on_gpu(capsys):
     opts = dict(zip(argv, argv[1:]))
     assert "--fp16" in argv and "--bf16" not in argv
     assert (opts["--fp16-init-scale"], opts["--fp16-scale-tolerance"], opts["--min-loss-scale"],
-            opts["--threshold-loss-scale"]) == ("128", "0.25", "1e-06", "1024")
+            opts["--threshold-loss-scale"]) == ("128", "0.25", "1e-06", "1024.0")  # a float key
     assert "--fp16-scale-window" not in argv  # null: fairseq derives it from the world size and update-freq
     argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.precision=bf16")
     assert "--bf16" in argv and "--fp16" not in argv and "--min-loss-scale" not in argv  # bf16 needs no scaler
@@ -262,6 +277,19 @@ def test_old_fp16_key_and_bad_precision_values():
         config = CONFIGS["m2m_102" if "bf16 does not" in message else "iwslt14_de_en"]
         with pytest.raises(cfgmod.ConfigError, match=re.escape(message)):
             cfgmod.load(config, overrides)
+
+
+def test_every_train_key_is_a_fairseq_option_or_a_launcher_key(capsys):
+    """One loop passes the train keys on by fairseq's names; the launcher's own keys are named in one place."""
+    cfg = cfgmod.load(CONFIGS["wmt17_en_de"], ["train.max_epoch=3"])
+    argv = _argv_of(capsys, "wmt17_en_de", "--arch", "deepnet", "--gpus", "8", "train.max_epoch=3")
+    opts = dict(zip(argv, argv[1:]))
+    passed_on = set(cfg["train"]) - launch.LAUNCHER_KEYS
+    assert passed_on and launch.LAUNCHER_KEYS <= set(cfg["train"])
+    for key in passed_on:
+        option, value = "--" + key.replace("_", "-"), cfg["train"][key]
+        assert (option in argv) if value is True else opts[option] == str(value), key
+    assert "--batch-tokens" not in argv and opts["--update-freq"] == "4"
 
 
 def test_fully_sharded_without_fairscale_is_one_line_before_launch(capsys, monkeypatch, tmp_path):
