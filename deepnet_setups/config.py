@@ -26,6 +26,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from . import lang_tags
+
 
 # the keys that take one of a few values, and those values
 CHOICES = {
@@ -35,6 +37,7 @@ CHOICES = {
     "prep.segmenter": ("bpe", "sentencepiece"),
     "eval.metric": ("tok_bleu", "compound_split_bleu", "sacrebleu"),
     "train.precision": ("fp16", "bf16", "fp32"),
+    "data.lang_tags": tuple(lang_tags.STRATEGIES),
 }
 
 
@@ -47,6 +50,7 @@ class DataConfig:
     langs: List[str] = field(default_factory=list)  # multilingual: every language (order fixes language-token ids)
     lang_pairs: List[str] = field(default_factory=list)  # multilingual training directions, "src-tgt"
     zero_shot_pairs: List[str] = field(default_factory=list)  # evaluated, never trained
+    lang_tags: str = "s-enc-t-dec"  # multilingual: where the language tags go (deepnet_setups/lang_tags.py)
     downloads: List[Any] = field(default_factory=list)  # [{url: ..., sha256: ... or null}]
     train: List[str] = field(default_factory=list)  # raw file prefixes (plain layout: <prefix>.<lang>)
     valid: List[str] = field(default_factory=list)  # empty: every valid_every-th training pair is held out
@@ -89,6 +93,9 @@ class ModelConfig:
     share_all_embeddings: bool = True
     share_decoder_input_output_embed: bool = False
     checkpoint_activations: bool = False
+    # --arch deepnet: a name of deepnet_fairseq.models.deepnorm.DEEPNORM_INITS (fairseq-train checks it); a run
+    # folder is named deepnet_<init> where it is not the paper's
+    deepnorm_init: str = "paper"
 
 
 @dataclass

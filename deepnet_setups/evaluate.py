@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 from deepnet_fairseq import textprep as tp
-from . import langid
 from deepnet_fairseq.average import average_checkpoints, last_checkpoints
+
+from . import lang_tags, langid
 from .config import ConfigError, load
 from .launch import LaunchError, fairseq_arch, parse_layers, run_dir, run_settings
-from .runner import BIN_DIR, USER_DIR, append_record, deepnorm_from_log
+from .runner import BIN_DIR, USER_DIR, append_record, deepnorm_from_log, fairseq_options
 
 
 def bleu(hyps, refs, tokenize, lowercase=False):
@@ -38,10 +39,19 @@ def bleu(hyps, refs, tokenize, lowercase=False):
     return round(metric.corpus_score(hyps, [refs]).score, 2), str(metric.get_signature())
 
 
-def generate_args(cfg, checkpoint, gen_args, cpu, plugin=True):
-    """fairseq-generate's arguments (with ``--user-dir deepnet_fairseq`` unless ``plugin`` is False)."""
+def chrf(hyps, refs):
+    """chrF++ (sacreBLEU's chrF with word bigrams): where BLEU is near 0 it still tells outputs apart."""
+    from sacrebleu.metrics import CHRF
+
+    return round(CHRF(word_order=2).corpus_score(hyps, [refs]).score, 2)
+
+
+def generate_args(cfg, checkpoint, gen_args, cpu, plugin=True, data_dir=None):
+    """fairseq-generate's arguments (with ``--user-dir deepnet_fairseq`` unless ``plugin`` is False) on the
+    setup's binarised data, or on ``data_dir``."""
     ev = cfg["eval"]
-    return [str(Path(cfg["paths"]["work"]) / "bin")] + (["--user-dir", str(USER_DIR)] if plugin else []) + [
+    data_dir = data_dir or Path(cfg["paths"]["work"]) / "bin"
+    return [str(data_dir)] + (["--user-dir", str(USER_DIR)] if plugin else []) + [
             "--path", str(checkpoint),
             "--gen-subset", ev["subset"], "--beam", str(ev["beam"]), "--lenpen", str(ev["lenpen"]),
             "--max-tokens", str(ev["max_tokens"]), "--max-len-a", str(ev["max_len_a"]), "--max-len-b", str(ev["max_len_b"]),
@@ -72,7 +82,7 @@ def generate(cfg, checkpoint, gen_args, cpu, log_path, plugin=True):
     return hypotheses(proc.stdout)
 
 
-def generate_here(cfg, checkpoint, gen_args, cpu, log_path):
+def generate_here(cfg, checkpoint, gen_args, cpu, log_path, data_dir=None):
     """fairseq-generate's own ``main`` with generate()'s arguments, in this process: one start (imports,
     plugin) for all the directions of a multilingual model instead of one each. Its log and output go to
     ``log_path``; returns the hypotheses ordered by sentence id."""
@@ -81,7 +91,8 @@ def generate_here(cfg, checkpoint, gen_args, cpu, log_path):
 
     results = log_path.with_name(log_path.name + ".d")  # fairseq writes generate-<subset>.txt there
     # no loader worker: in a process that lives on, torch joins it with a 5-second timeout per direction
-    argv = generate_args(cfg, checkpoint, gen_args, cpu) + ["--num-workers", "0", "--results-path", str(results)]
+    argv = generate_args(cfg, checkpoint, gen_args, cpu, data_dir=data_dir) + ["--num-workers", "0",
+                                                                                "--results-path", str(results)]
     print("[evaluate] fairseq-generate (in this process) " + " ".join(shlex.quote(c) for c in argv), flush=True)
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -102,6 +113,8 @@ def generate_here(cfg, checkpoint, gen_args, cpu, log_path):
 
 
 ENGINES = ("fairseq", "ctranslate2", "ctranslate2_int8")
+# a zero-shot direction's scores through English (None elsewhere)
+PIVOT_FIELDS = ("pivot_bleu", "pivot_chrf", "pivot_target_lang_acc", "zero_shot_over_pivot")
 
 
 def ctranslate2_translator(cfg, checkpoint, out, engine):
@@ -129,7 +142,7 @@ def ctranslate2_hypotheses(translator, segmented_source, batches, source_lang=No
     return [translator.desegment(tokens) for tokens in outputs]
 
 
-def fairseq_generate_batches(cfg, task_args=None):
+def fairseq_generate_batches(cfg, task_args=None, data_dir=None):
     """The test set's sentence ids in fairseq-generate's batches (fairseq's own batching, eval.max_tokens),
     for the task that ``task_args`` sets (default: the bilingual setup's language pair).
 
@@ -142,7 +155,7 @@ def fairseq_generate_batches(cfg, task_args=None):
     task_args = task_args or ["--source-lang", data["source_lang"], "--target-lang", data["target_lang"]]
     parser = options.get_generation_parser()
     gen = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, [
-        str(Path(cfg["paths"]["work"]) / "bin"), *task_args, "--gen-subset", ev["subset"],
+        str(data_dir or Path(cfg["paths"]["work"]) / "bin"), *task_args, "--gen-subset", ev["subset"],
         "--max-tokens", str(ev["max_tokens"]), "--required-batch-size-multiple", "1"]))
     task = tasks.setup_task(gen.task)
     task.load_dataset(ev["subset"], task_cfg=gen.task)
@@ -203,18 +216,94 @@ def group_members(cfg, pattern, directions):
     return [d for d in directions if (src in ("*", d.split("-")[0])) and (tgt in ("*", d.split("-")[1]))]
 
 
+def multilingual_task_args(cfg, source_lang, target_lang):
+    """fairseq's task options for one direction of the setup's multilingual model, tags as data.lang_tags."""
+    data = cfg["data"]
+    return ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
+            "--langs", ",".join(data["langs"]), "--source-lang", source_lang, "--target-lang", target_lang,
+            *fairseq_options(lang_tags.task_options(data["lang_tags"]))]
+
+
 def multilingual_test_directions(cfg):
-    """(direction, its corpus, fairseq's task options for it) for every direction with test references:
-    the training pairs, then the zero-shot ones."""
+    """(direction, its corpus) for every direction with test references: the training pairs, then the
+    zero-shot ones."""
     data, work = cfg["data"], Path(cfg["paths"]["work"])
     for direction in data["lang_pairs"] + [p for p in data["zero_shot_pairs"] if p not in data["lang_pairs"]]:
         s, t = direction.split("-")
         corpus = "-".join(sorted((s, t)))
         if (work / "ref" / f"test.{corpus}.{t}").exists():
-            yield direction, corpus, ["--task", "translation_multi_simple_epoch", "--lang-pairs",
-                                      ",".join(data["lang_pairs"]), "--langs", ",".join(data["langs"]),
-                                      "--source-lang", s, "--target-lang", t, "--encoder-langtok", "src",
-                                      "--decoder-langtok"]
+            yield direction, corpus
+
+
+PIVOT_LANG = "en"  # the setups are English-centric: every language has a trained direction to and from it
+
+
+def translate_multilingual(cfg, checkpoint, cpu, out, translator, source_lang, target_lang, segmented_source,
+                           name, data_dir=None):
+    """Hypotheses for a segmented source file in one direction, with the evaluation's engine: fairseq-generate
+    on ``data_dir`` (default: the setup's binarised data), or CTranslate2 in fairseq-generate's batches."""
+    task_args = multilingual_task_args(cfg, source_lang, target_lang)
+    if translator:
+        return ctranslate2_hypotheses(translator, segmented_source, fairseq_generate_batches(cfg, task_args, data_dir),
+                                      source_lang, target_lang)
+    return generate_here(cfg, checkpoint, task_args + ["--remove-bpe", "sentencepiece"], cpu,
+                         out / f"generate.{name}.log", data_dir)
+
+
+def binarise_lines(cfg, folder, source_lang, target_lang, source, target):
+    """Segmented lines as a binarised test set of one direction in ``folder`` (the setup's joint dictionary,
+    and one dict.<lang>.txt per language as the multilingual task reads them)."""
+    work = Path(cfg["paths"]["work"])
+    text = folder / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    prefix = text / f"test.{source_lang}-{target_lang}"
+    tp.write_lines(Path(f"{prefix}.{source_lang}"), source)
+    tp.write_lines(Path(f"{prefix}.{target_lang}"), target)
+    shutil.rmtree(folder / "bin", ignore_errors=True)
+    dictionary = work / "spm" / "dict.txt"
+    program = BIN_DIR / "fairseq-preprocess"
+    proc = subprocess.run([str(program if program.exists() else "fairseq-preprocess"), "--source-lang", source_lang,
+                           "--target-lang", target_lang, "--testpref", str(prefix), "--destdir", str(folder / "bin"),
+                           "--srcdict", str(dictionary), "--tgtdict", str(dictionary), "--workers", "1"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise tp.DataError(f"fairseq-preprocess failed for {prefix} ({(proc.stderr.strip().splitlines() or ['?'])[-1]})")
+    for lang_dict in (work / "bin").glob("dict.*.txt"):
+        shutil.copy(lang_dict, folder / "bin" / lang_dict.name)
+    return folder / "bin"
+
+
+def pivot_hypotheses(cfg, checkpoint, cpu, out, translator, direction, corpus):
+    """A zero-shot direction s-t through English with the same model and engine (s -> en -> t): the
+    reference that a zero-shot score is judged against."""
+    s, t = direction.split("-")
+    work = Path(cfg["paths"]["work"])
+    model = work / "spm" / "spm.model"
+    source, target = work / "spm_text" / f"test.{corpus}.{s}", work / "spm_text" / f"test.{corpus}.{t}"
+    # fairseq's task loads a target side for every test set; the first step has no English reference, so its
+    # placeholder is the source itself (only the hypotheses are used)
+    step = out / f"pivot.{direction}"
+    first_bin = binarise_lines(cfg, step / f"{s}-{PIVOT_LANG}", s, PIVOT_LANG, tp.read_lines(source), tp.read_lines(source))
+    pivot = translate_multilingual(cfg, checkpoint, cpu, out, translator, s, PIVOT_LANG,
+                                   first_bin.parent / "text" / f"test.{s}-{PIVOT_LANG}.{s}",
+                                   f"pivot.{s}-{PIVOT_LANG}-{t}.1", first_bin)
+    tp.write_lines(out / f"hyp.pivot.{direction}.{PIVOT_LANG}", pivot)
+    segmented_pivot = tp.sentencepiece_encode(pivot, model)
+    second_bin = binarise_lines(cfg, step / f"{PIVOT_LANG}-{t}", PIVOT_LANG, t, segmented_pivot, tp.read_lines(target))
+    return translate_multilingual(cfg, checkpoint, cpu, out, translator, PIVOT_LANG, t,
+                                  second_bin.parent / "text" / f"test.{PIVOT_LANG}-{t}.{PIVOT_LANG}",
+                                  f"pivot.{s}-{PIVOT_LANG}-{t}.2", second_bin)
+
+
+def check_lang_tags(cfg, checkpoint):
+    """Refuse, in one line, to decode a model with language tags other than those it was trained with."""
+    from deepnet_fairseq.export import plain_options, read_checkpoint
+
+    try:
+        task_cfg = plain_options(read_checkpoint(checkpoint)["cfg"]["task"])
+        lang_tags.check_model_strategy(cfg["data"]["lang_tags"], task_cfg, checkpoint)
+    except ValueError as err:
+        raise LaunchError(str(err)) from None
 
 
 def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
@@ -222,24 +311,30 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
     work = Path(cfg["paths"]["work"])
     translator = ctranslate2_translator(cfg, checkpoint, out, engine) if engine != "fairseq" else None
     rows = []
-    for direction, corpus, task_args in multilingual_test_directions(cfg):
+    for direction, corpus in multilingual_test_directions(cfg):
         s, t = direction.split("-")
-        ref_path = work / "ref" / f"test.{corpus}.{t}"
-        if translator:
-            hyps = ctranslate2_hypotheses(translator, work / "spm_text" / f"test.{corpus}.{s}",
-                                          fairseq_generate_batches(cfg, task_args), s, t)
-        else:
-            hyps = generate_here(cfg, checkpoint, task_args + ["--remove-bpe", "sentencepiece"], cpu,
-                                 out / f"generate.{direction}.log")
-        refs = tp.read_lines(ref_path)
+        hyps = translate_multilingual(cfg, checkpoint, cpu, out, translator, s, t,
+                                      work / "spm_text" / f"test.{corpus}.{s}", direction)
+        refs = tp.read_lines(work / "ref" / f"test.{corpus}.{t}")
         sources = tp.read_lines(work / "ref" / f"test.{corpus}.{s}")
         tp.write_lines(out / f"hyp.{direction}.{t}", hyps)
         score, signature = bleu(hyps, refs, tokenize=ev["sacrebleu_tokenize"])
         copy, _ = bleu(sources, refs, tokenize=ev["sacrebleu_tokenize"])
-        rows.append({"src": s, "tgt": t, "direction": direction, "zero_shot": direction in data["zero_shot_pairs"],
-                     "bleu": score, "copy_source_bleu": copy, "sentences": len(hyps), "signature": signature})
-        rows[-1].update(langid.target_language_accuracy(hyps, t, data["langs"]))  # off-target output (issue 28)
-        print(f"[evaluate] {direction}: BLEU {score} (copy-source {copy})", flush=True)
+        row = {"src": s, "tgt": t, "direction": direction, "zero_shot": direction in data["zero_shot_pairs"],
+               "bleu": score, "chrf": chrf(hyps, refs), "copy_source_bleu": copy, "sentences": len(hyps),
+               "signature": signature}
+        row.update(langid.target_language_accuracy(hyps, t, data["langs"]))  # off-target output (issue 28)
+        row.update(dict.fromkeys(PIVOT_FIELDS))
+        if row["zero_shot"] and PIVOT_LANG not in (s, t):
+            pivot = pivot_hypotheses(cfg, checkpoint, cpu, out, translator, direction, corpus)
+            tp.write_lines(out / f"hyp.pivot.{direction}.{t}", pivot)
+            on_target = langid.target_language_accuracy(pivot, t, data["langs"])["target_lang_acc"]
+            row.update(pivot_bleu=bleu(pivot, refs, tokenize=ev["sacrebleu_tokenize"])[0], pivot_chrf=chrf(pivot, refs),
+                       pivot_target_lang_acc=on_target)
+            row["zero_shot_over_pivot"] = round(score / row["pivot_bleu"], 3) if row["pivot_bleu"] else None
+        rows.append(row)
+        pivot_note = f", pivot {row['pivot_bleu']}" if row["pivot_bleu"] is not None else ""
+        print(f"[evaluate] {direction}: BLEU {score}, chrF++ {row['chrf']} (copy-source {copy}{pivot_note})", flush=True)
     if not rows:
         raise tp.DataError(f"{work / 'ref'}: no test references for any direction")
     with tp.atomic_write(out / "bleu.csv") as handle:
@@ -257,14 +352,19 @@ def evaluate_multilingual(cfg, checkpoint, cpu, out, engine="fairseq"):
                             "directions": len(members)}
             groups[name]["target_lang_acc"] = langid.mean_accuracy([r for r in rows if r["direction"] in members])
     print(langid.table(rows, groups), flush=True)
-    return {"bleu": round(sum(by_direction.values()) / len(rows), 2), "signature": rows[0]["signature"],
+    return {"bleu": round(sum(by_direction.values()) / len(rows), 2), "chrf": round(sum(r["chrf"] for r in rows) / len(rows), 2),
+            "lang_tags": data["lang_tags"], "signature": rows[0]["signature"],
             "copy_source_bleu": round(sum(r["copy_source_bleu"] for r in rows) / len(rows), 2),
             "metric": "average detokenised sacreBLEU over directions", "groups": groups, "directions": rows,
             "engine": engine, "langid": langid.identifier_name()}
 
 
+HEATMAP_PANELS = (("bleu", "sacreBLEU"), ("target_lang_acc", "on target (%)"), ("pivot_bleu", "pivot BLEU (via en)"))
+
+
 def heatmap(rows, langs, path, title):
-    """Source x target BLEU matrix (the paper's Figures 9-10 style)."""
+    """Source x target matrices (the paper's Figures 9-10 style): BLEU, the share of hypotheses in the target
+    language, and for zero-shot directions BLEU through English; a panel without values is left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -273,22 +373,26 @@ def heatmap(rows, langs, path, title):
 
     used = [lang for lang in langs if any(lang in (r["src"], r["tgt"]) for r in rows)]
     index = {lang: i for i, lang in enumerate(used)}
-    grid = np.full((len(used), len(used)), np.nan)
-    for r in rows:
-        grid[index[r["src"]], index[r["tgt"]]] = r["bleu"]
-    fig, ax = plt.subplots(figsize=(3.5 + 0.5 * len(used), 2.5 + 0.45 * len(used)))
-    image = ax.imshow(grid, cmap="viridis")
-    ax.set_xticks(range(len(used)), used)
-    ax.set_yticks(range(len(used)), used)
-    ax.set_xlabel("target")
-    ax.set_ylabel("source")
-    ax.set_title(f"{title}: sacreBLEU")
-    if len(used) <= 12:
+    panels = [(key, label) for key, label in HEATMAP_PANELS if any(r.get(key) is not None for r in rows)]
+    size = (3.5 + 0.5 * len(used), 2.5 + 0.45 * len(used))
+    fig, axes = plt.subplots(1, len(panels), figsize=(size[0] * len(panels), size[1]), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        grid = np.full((len(used), len(used)), np.nan)
         for r in rows:
-            mark = "*" if r["zero_shot"] else ""
-            ax.text(index[r["tgt"]], index[r["src"]], f"{r['bleu']:.1f}{mark}", ha="center", va="center",
-                    color="white", fontsize=8)
-    fig.colorbar(image, ax=ax)
+            if r.get(key) is not None:
+                grid[index[r["src"]], index[r["tgt"]]] = r[key]
+        image = ax.imshow(grid, cmap="viridis")
+        ax.set_xticks(range(len(used)), used)
+        ax.set_yticks(range(len(used)), used)
+        ax.set_xlabel("target")
+        ax.set_ylabel("source")
+        ax.set_title(f"{title}: {label}" if key == "bleu" else label)
+        if len(used) <= 12:
+            for r in rows:
+                if r.get(key) is not None:
+                    ax.text(index[r["tgt"]], index[r["src"]], f"{r[key]:.1f}{'*' if r['zero_shot'] else ''}",
+                            ha="center", va="center", color="white", fontsize=8)
+        fig.colorbar(image, ax=ax)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
@@ -341,16 +445,17 @@ def main(argv=None):
         averaged = average_checkpoints(chosen, folder / "checkpoints" / f"averaged_last{len(chosen)}.pt")
         print(f"[evaluate] averaged {len(chosen)} checkpoints: {', '.join(p.name for p in chosen)}", flush=True)
         if cfg["data"]["kind"] == "multilingual":
+            check_lang_tags(cfg, averaged)
             result = evaluate_multilingual(cfg, averaged, cpu, out, opts.engine)
         else:
             result = evaluate_bilingual(cfg, averaged, cpu, out, opts.engine)
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
                        "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
-                       "deepnorm": deepnorm_from_log(folder / "train.log"),
                        "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
                        "run_dir": str(folder), "wall_time_s": round(time.time() - start, 1),
                        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                       "max_update": train_cfg.get("train", {}).get("max_update"), **run_settings(train_cfg)})
+                       "max_update": train_cfg.get("train", {}).get("max_update"),
+                       **run_settings(train_cfg, deepnorm_from_log(folder / "train.log"))})
         with tp.atomic_write(out / "scores.json") as handle:
             json.dump(result, handle, indent=1)
         append_record(cfg["paths"]["results"], result)

@@ -112,15 +112,21 @@ def mean_accuracy(rows):
 
 
 def table(rows, groups=None):
-    """The per-direction table an evaluation prints: BLEU, target-language accuracy, top wrong language;
-    zero-shot directions marked with *."""
-    lines = ["[evaluate] direction    BLEU  on-target  top wrong (share)  empty   (* zero-shot; "
-             f"language identified by {identifier_name()})"]
+    """The per-direction table an evaluation prints: BLEU, chrF++, target-language accuracy, top wrong
+    language, and for zero-shot directions (marked *) the same model through English: pivot BLEU, its
+    on-target share and zero-shot BLEU / pivot BLEU."""
+    lines = ["[evaluate] direction    BLEU  chrF++  on-target  top wrong (share)  empty   pivot  on-target  "
+             f"zero/pivot   (* zero-shot; language identified by {identifier_name()})"]
+    share = lambda value: "n/a" if value is None else f"{value:.1f}%"  # noqa: E731
     for r in rows:
-        acc = "n/a" if r["target_lang_acc"] is None else f"{r['target_lang_acc']:.1f}%"
         wrong = f"{r['top_wrong_lang']} ({r['top_wrong_share']:.1f}%)" if r["top_wrong_lang"] else "-"
         name = r["direction"] + ("*" if r["zero_shot"] else "")
-        lines.append(f"[evaluate] {name:<10} {r['bleu']:6.2f} {acc:>10}  {wrong:<17} {r['empty_share']:5.1f}%")
+        line = (f"[evaluate] {name:<10} {r['bleu']:6.2f} {r['chrf']:7.2f} {share(r['target_lang_acc']):>10}  "
+                f"{wrong:<17} {r['empty_share']:5.1f}%")
+        if r.get("pivot_bleu") is not None:
+            ratio = "n/a" if r["zero_shot_over_pivot"] is None else f"{r['zero_shot_over_pivot']:.2f}"
+            line += f" {r['pivot_bleu']:6.2f} {share(r['pivot_target_lang_acc']):>10}  {ratio:>10}"
+        lines.append(line)
     for name, group in (groups or {}).items():
         acc = group.get("target_lang_acc")
         lines.append(f"[evaluate] {name}: on-target {'n/a' if acc is None else f'{acc:.1f}%'} "

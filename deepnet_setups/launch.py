@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import lang_tags
 from .config import ConfigError, load
 from .runner import BIN_DIR, PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, fairseq_options, run
 
@@ -102,8 +103,15 @@ def gpu_memory_gib():
     return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 2**30
 
 
+def model_folder(cfg, arch):
+    """A run folder's model part: the arch, and for DeepNet its init where it is not the paper's, so that two
+    inits never share (and resume) one folder."""
+    init = cfg["model"]["deepnorm_init"]
+    return f"{arch}_{init}" if arch == "deepnet" and init != "paper" else arch
+
+
 def run_dir(cfg, arch, layers):
-    return Path(cfg["paths"]["runs"]) / cfg["setup"] / arch / f"{layers[0]}L-{layers[1]}L"
+    return Path(cfg["paths"]["runs"]) / cfg["setup"] / model_folder(cfg, arch) / f"{layers[0]}L-{layers[1]}L"
 
 
 # fp16's dynamic loss scaler: fairseq-train options, given with --fp16 only (precision_args)
@@ -131,9 +139,11 @@ def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir)
                              for side in ("encoder", "decoder")})
     args += fairseq_options({key: model[key] for key in ("share_all_embeddings", "share_decoder_input_output_embed",
                                                          "checkpoint_activations")})
+    if arch == "deepnet":
+        args += ["--deepnorm-init", model["deepnorm_init"]]
     if data["kind"] == "multilingual":
         args += ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
-                 "--langs", ",".join(data["langs"]), "--encoder-langtok", "src", "--decoder-langtok",
+                 "--langs", ",".join(data["langs"]), *fairseq_options(lang_tags.task_options(data["lang_tags"])),
                  "--sampling-method", "temperature", "--sampling-temperature", train["sampling_temperature"]]
     else:
         # fairseq's translation task, resuming bit-exactly after an interruption (docs/reliability.md)
@@ -195,19 +205,14 @@ def launch_commands(opts, fairseq_args):
             for rank in ranks]
 
 
-def deepnorm_init(extra_args):
-    """The ``--deepnorm-init`` name in train.extra_args (fairseq's default, ``paper``, if absent)."""
-    extra = [str(a) for a in extra_args]
-    return extra[extra.index("--deepnorm-init") + 1] if "--deepnorm-init" in extra[:-1] else "paper"
-
-
-def run_settings(cfg):
+def run_settings(cfg, deepnorm):
     """What a record needs to say how its run trained: the data, model and training sections as resolved
-    (lr, warm-up, seed, schedule, batch, every extra fairseq option) and the DeepNorm init's name."""
+    (lr, warm-up, seed, schedule, batch, every extra fairseq option), and the DeepNorm constants and init that
+    the model logged (None for another arch)."""
     if not cfg:
-        return {}
-    data = {key: cfg["data"][key] for key in ("train", "valid", "test", "lang_pairs") if cfg["data"].get(key)}
-    return {"deepnorm_init": deepnorm_init(cfg["train"]["extra_args"]),
+        return {"deepnorm": deepnorm}
+    data = {key: cfg["data"][key] for key in ("train", "valid", "test", "lang_pairs", "lang_tags") if cfg["data"].get(key)}
+    return {"deepnorm": deepnorm, "deepnorm_init": (deepnorm or {}).get("init"),
             "settings": {"data": {**data, "work": cfg["paths"]["work"]}, "model": cfg["model"], "train": cfg["train"]}}
 
 
@@ -313,12 +318,11 @@ def main(argv=None):
         returncode = run(cmds[0], log, env, log_stats.feed, forward_as=signal.SIGTERM if torchrun else None)
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
-                  "decoder_layers": layers[1], "deepnorm": log_stats.deepnorm,
-                  "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
+                  "decoder_layers": layers[1], "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
                   "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
-                  **run_settings(cfg)}
+                  **run_settings(cfg, log_stats.deepnorm)}
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
         preempted = requeue_if_preempted(returncode, log_stats, os.environ, opts.node_rank)

@@ -17,9 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-ARCH_ORDER = {"postln": 0, "preln": 1, "deepnet": 2}
-ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet"}
-RUN_FIELDS = ["kind", "setup", "arch", "encoder_layers", "decoder_layers", "updates", "final_loss", "valid_loss",
+ARCH_ORDER = {"postln": 0, "preln": 1, "deepnet": 2, "deepnet_torchscale": 3, "deepnet_source": 4}
+ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_torchscale": "DeepNet, torchscale init",
+              "deepnet_source": "DeepNet, source init"}
+RUN_FIELDS = ["kind", "setup", "arch", "deepnorm_init", "encoder_layers", "decoder_layers", "updates", "final_loss", "valid_loss",
               "bleu", "copy_source_bleu", "sacrebleu", "signature", "diverged", "wall_time_s", "run_dir", "time"]
 
 
@@ -39,16 +40,33 @@ def depth(record):
     return f"{record['encoder_layers']}L-{record['decoder_layers']}L"
 
 
+def mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def on_target(directions):
-    """' (on target S% / zero-shot Z%)': the mean share of hypotheses in the target language, where the
-    evaluation identified it (multilingual setups, issue 28); '' otherwise."""
+    """' (on target S% / zero-shot Z%; zero-shot BLEU Q% of pivot P)': the mean share of hypotheses in the
+    target language where the evaluation identified it (multilingual setups, issue 28), and the zero-shot
+    directions' BLEU against translating through English with the same model; '' otherwise."""
     parts = []
     for label, zero_shot in (("", False), ("zero-shot ", True)):
-        values = [d["target_lang_acc"] for d in directions
-                  if d.get("zero_shot") == zero_shot and d.get("target_lang_acc") is not None]
-        if values:
-            parts.append(f"{label}{sum(values) / len(values):.0f}%")
-    return f" (on target {' / '.join(parts)})" if parts else ""
+        share = mean(d.get("target_lang_acc") for d in directions if d.get("zero_shot") == zero_shot)
+        if share is not None:
+            parts.append(f"{label}{share:.0f}%")
+    pivoted = [d for d in directions if d.get("pivot_bleu") is not None]
+    pivot = ""
+    if pivoted:
+        zero_shot, through_en = mean(d["bleu"] for d in pivoted), mean(d["pivot_bleu"] for d in pivoted)
+        ratio = f"{100 * zero_shot / through_en:.0f}% of " if through_en else ""
+        pivot = f"; zero-shot BLEU {ratio}pivot {through_en:.2f}"
+    return f" (on target {' / '.join(parts)}{pivot})" if parts else ""
+
+
+def model_name(record):
+    """The row a record belongs to: its arch, and its DeepNorm init where that is not the paper's."""
+    init = record.get("deepnorm_init")
+    return record["arch"] if record.get("arch") != "deepnet" or init in (None, "paper") else f"deepnet_{init}"
 
 
 def tables(records):
@@ -58,7 +76,7 @@ def tables(records):
         if r.get("encoder_layers") is None or r.get("arch") is None:
             continue
         setup = out.setdefault(r["setup"], {"cells": {}, "signatures": set()})
-        cell = setup["cells"].setdefault(r["arch"], {})
+        cell = setup["cells"].setdefault(model_name(r), {})
         key = depth(r)
         if r["kind"] == "train" and r.get("diverged"):
             cell[key] = "diverged"
@@ -83,7 +101,7 @@ def curves(records):
         updates = r.get("max_update") or r.get("updates")
         if r.get("encoder_layers") is None or updates is None:
             continue
-        point = out.setdefault((r["setup"], depth(r)), {}).setdefault(r["arch"], {}).setdefault(updates, [None, None])
+        point = out.setdefault((r["setup"], depth(r)), {}).setdefault(model_name(r), {}).setdefault(updates, [None, None])
         if r["kind"] == "eval":
             point[0] = r["bleu"]
         elif r["kind"] == "train":

@@ -386,3 +386,38 @@ def test_report_tables_and_plots_bleu_by_updates_for_staged_runs(tmp_path):
     rows = list(csv.reader((tmp_path / "out/iwslt14_de_en_18L-18L_by_updates.csv").open()))
     assert rows[0] == ["model", "updates", "bleu", "valid_loss"] and ["Pre-LN", "4000", "19.5", "2.5"] in rows
     assert (tmp_path / "out/iwslt14_de_en_18L-18L_by_updates.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_deepnorm_init_is_a_setup_option_that_names_the_run_folder(capsys):
+    """model.deepnorm_init reaches fairseq-train, and two inits of one arch and depth never share a folder."""
+    def folder_and_init(*args):
+        argv = _argv_of(capsys, "iwslt14_de_en", "--cpu", "--layers", "6,6", *args)
+        init = argv[argv.index("--deepnorm-init") + 1] if "--deepnorm-init" in argv else None
+        return argv[argv.index("--save-dir") + 1].split("/")[-3], init
+
+    assert folder_and_init("--arch", "deepnet") == ("deepnet", "paper")
+    assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=source") == ("deepnet_source", "source")
+    assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=torchscale") == ("deepnet_torchscale", "torchscale")
+    assert folder_and_init("--arch", "preln", "model.deepnorm_init=source") == ("preln", None)  # DeepNet's only
+    cfg = cfgmod.load(CONFIGS["iwslt14_de_en"], ["model.deepnorm_init=source"])
+    deepnorm = {"encoder_alpha": 1.4, "init": "source"}
+    record = launch.run_settings(cfg, deepnorm)
+    assert record["deepnorm_init"] == "source" and record["deepnorm"] == deepnorm
+    assert record["settings"]["train"]["lr"] == cfg["train"]["lr"] and record["settings"]["model"]["deepnorm_init"] == "source"
+
+
+@pytest.mark.parametrize("strategy, encoder, decoder", [("s-enc-t-dec", "src", True), ("t-enc", "tgt", False),
+                                                        ("t-enc-t-dec", "tgt", True)])
+def test_lang_tags_strategy_reaches_the_multilingual_task(capsys, strategy, encoder, decoder):
+    argv = _argv_of(capsys, "opus100", "--cpu", "--arch", "deepnet", f"data.lang_tags={strategy}")
+    assert argv[argv.index("--encoder-langtok") + 1] == encoder and ("--decoder-langtok" in argv) == decoder
+    from deepnet_setups import lang_tags
+
+    assert lang_tags.strategy_of({"encoder_langtok": encoder, "decoder_langtok": decoder}) == strategy
+    with pytest.raises(ValueError, match="trained with language tags t-enc, but data.lang_tags is s-enc-t-dec"):
+        lang_tags.check_model_strategy("s-enc-t-dec", {"encoder_langtok": "tgt", "decoder_langtok": False}, "ckpt.pt")
+
+
+def test_a_bad_lang_tags_strategy_is_refused_in_one_line(capsys):
+    assert launch.main([str(CONFIGS["opus100"]), "--dry-run", "--cpu", "--arch", "deepnet", "data.lang_tags=s-enc"]) == 2
+    assert "key 'data.lang_tags' must be one of s-enc-t-dec, t-enc, t-enc-t-dec, got 's-enc'" in capsys.readouterr().err

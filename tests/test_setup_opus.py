@@ -10,6 +10,7 @@ from test_setup_pipelines import TINY, all_stages, paths
 
 from deepnet_fairseq import textprep as tp
 from deepnet_setups import langid, report
+from deepnet_setups import evaluate
 from deepnet_setups.evaluate import bleu
 
 
@@ -95,17 +96,38 @@ def test_multilingual_per_direction_table_with_zero_shot(opus):
     assert scores["groups"]["zero-shot"]["target_lang_acc"] == pytest.approx(round(sum(zero_acc) / 2, 1))
     appended = [json.loads(line) for line in (opus["tmp"] / "results.jsonl").read_text().splitlines()][-1]
     assert appended["directions"] == scores["directions"]
-    # the printed table: one line per direction, zero-shot ones marked with *
+    # chrF++ everywhere; zero-shot directions also through English with the same model (s -> en -> t)
+    for row in rows:
+        t, corpus = row["tgt"], "-".join(sorted((row["src"], row["tgt"])))
+        refs = tp.read_lines(work / f"ref/test.{corpus}.{t}")
+        assert float(row["chrf"]) == evaluate.chrf(tp.read_lines(opus["run"] / f"eval/hyp.{row['direction']}.{t}"), refs)
+        if row["zero_shot"] == "False":
+            assert row["pivot_bleu"] == row["zero_shot_over_pivot"] == ""
+            continue
+        pivot = tp.read_lines(opus["run"] / f"eval/hyp.pivot.{row['direction']}.{t}")
+        assert len(tp.read_lines(opus["run"] / f"eval/hyp.pivot.{row['direction']}.en")) == len(pivot) == 100
+        assert float(row["pivot_bleu"]) == bleu(pivot, refs, tokenize="13a")[0]
+        assert float(row["pivot_target_lang_acc"]) == langid.target_language_accuracy(pivot, t, ["de", "en", "fr"])[
+            "target_lang_acc"]
+        if float(row["pivot_bleu"]):
+            assert float(row["zero_shot_over_pivot"]) == round(float(row["bleu"]) / float(row["pivot_bleu"]), 3)
+    # the printed table: one line per direction, zero-shot ones marked with * and followed by their pivot
     for row in rows:
         name = row["direction"] + ("*" if row["zero_shot"] == "True" else "")
-        line = f"[evaluate] {name:<10} {float(row['bleu']):6.2f} {float(row['target_lang_acc']):9.1f}%"
+        line = (f"[evaluate] {name:<10} {float(row['bleu']):6.2f} {float(row['chrf']):7.2f} "
+                f"{float(row['target_lang_acc']):9.1f}%")
         assert line in opus["stdout"], line
+        if row["zero_shot"] == "True":
+            assert f"{float(row['pivot_bleu']):6.2f} {float(row['pivot_target_lang_acc']):9.1f}%" in opus["stdout"]
     print("\n".join(line for line in opus["stdout"].splitlines() if "on-target" in line or "%" in line))
     assert (opus["run"] / "eval/bleu_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     # scripts/report's table: BLEU with the on-target shares of the supervised and the zero-shot directions
     assert report.main([str(opus["tmp"] / "results.jsonl"), "--out-dir", str(opus["tmp"] / "report")]) == 0
     supervised_acc = [float(r["target_lang_acc"]) for r in rows if r["zero_shot"] == "False"]
-    cell = (f"{scores['bleu']:.2f} (on target {sum(supervised_acc) / 4:.0f}% / zero-shot {sum(zero_acc) / 2:.0f}%)")
+    pivots = [float(r["pivot_bleu"]) for r in rows if r["zero_shot"] == "True"]
+    ratio = f"{100 * sum(zero) / sum(pivots):.0f}% of " if sum(pivots) else ""
+    cell = (f"{scores['bleu']:.2f} (on target {sum(supervised_acc) / 4:.0f}% / zero-shot {sum(zero_acc) / 2:.0f}%; "
+            f"zero-shot BLEU {ratio}pivot {sum(pivots) / 2:.2f})")
     assert f"| DeepNet | {cell} |" in (opus["tmp"] / "report/results.md").read_text()
 
 
@@ -136,7 +158,6 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     import numpy as np
 
     from deepnet_fairseq import translate
-    from deepnet_setups import evaluate
 
     run_dir, work = opus["run"], opus["tmp"] / "work"
     rows = {r["direction"]: r for r in csv.DictReader((run_dir / "eval/bleu.csv").open())}
@@ -151,7 +172,7 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     for direction, row in rows.items():
         assert tp.read_lines(run_dir / f"eval/hyp.{direction}.{direction[3:]}") == fairseq_hyps[direction], direction
         assert (ct2_rows[direction]["bleu"], ct2_rows[direction]["zero_shot"]) == (row["bleu"], row["zero_shot"])
-        same = ("target_lang_acc", "top_wrong_lang", "top_wrong_share", "empty_share")
+        same = ("target_lang_acc", "top_wrong_lang", "top_wrong_share", "empty_share", "chrf", *evaluate.PIVOT_FIELDS)
         assert [ct2_rows[direction][k] for k in same] == [row[k] for k in same], direction
 
     model_dir = run_dir / "eval/ctranslate2"
@@ -177,3 +198,7 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     assert translate.main([str(model_dir), "--source-lang", "de", "--target-lang", "fr", "--input",
                            str(work / "ref/test.de-fr.de"), "--output", str(out)]) == 0
     assert tp.read_lines(out) == fairseq_hyps["de-fr"]
+    # a model decodes only with the language tags it was trained with: another strategy is refused in one line
+    capsys.readouterr()
+    assert evaluate.main([*args, "data.lang_tags=t-enc"]) == 2
+    assert "trained with language tags s-enc-t-dec, but data.lang_tags is t-enc" in capsys.readouterr().err
