@@ -27,8 +27,4 @@ def _keep_root_logger_off_debug():
 
 _keep_root_logger_off_debug()
 
-from .training.checkpoint_safety import allow_fairseq_checkpoints  # noqa: E402
-
-allow_fairseq_checkpoints()
-
-from . import criterions, models, optim, training  # noqa: E402,F401  (registration)
+from . import criterions, models, optim, training  # noqa: E402,F401  (registration; training.install())

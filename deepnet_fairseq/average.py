@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import deepnet_fairseq  # noqa: F401  (weights-only allow-list)
-from deepnet_fairseq.training.checkpoint_integrity import CorruptCheckpointError, verify_checkpoint
+from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
 
 
 def last_checkpoints(folder, k):

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 import deepnet_fairseq  # noqa: F401  (architectures; weights-only allow-list; checked checkpoint loading)
-from deepnet_fairseq.training.checkpoint_integrity import CorruptCheckpointError
+from deepnet_fairseq.training import CorruptCheckpointError
 from deepnet_fairseq.translate import DEPLOY_FILE
 
 PLAIN_TYPES = (dict, list, tuple, str, int, float, bool, type(None), torch.Tensor)

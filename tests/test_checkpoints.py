@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
-from deepnet_fairseq.training.checkpoint_safety import allowed_global_names
+from deepnet_fairseq.training.checkpoints import allowed_global_names
 from fairseq import checkpoint_utils
 
 from conftest import BIN, USER_DIR, run
@@ -28,7 +28,7 @@ def test_plain_checkpoint_needs_only_allow_listed_globals(deepnet_run):
 
 def test_weights_only_is_not_switched_off():
     assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") in (None, "", "0")
-    code = open(deepnet_fairseq.training.checkpoint_safety.__file__).read()
+    code = open(deepnet_fairseq.training.checkpoints.__file__).read()
     assert "weights_only=False" not in code
 
 

@@ -22,7 +22,7 @@ import torch
 from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, free_port, run
 
 import deepnet_fairseq  # noqa: F401  (allow-list)
-from deepnet_fairseq.training.checkpoint_safety import allowed_global_names
+from deepnet_fairseq.training.checkpoints import allowed_global_names
 
 FIRST, SECOND = 4, 6  # updates before and after the resume
 

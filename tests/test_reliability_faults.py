@@ -6,6 +6,8 @@ compared with an uninterrupted run's, update by update, and the final parameters
 - a full disk while fairseq copies a checkpoint to ``checkpoint_last.pt``: one line, the previous
   ``checkpoint_last.pt`` intact, no partial file, and the rerun resumes exactly;
 - ``kill -9`` of one of two gloo processes: the other names it and exits within the lost-rank timeout;
+- a second trainer started on the same save dir: refused at its start, naming the first (a killed
+  first one's lock is taken over); a checkpoint file that vanishes while written is not called a full disk;
 - a NaN in one sublayer's output and a loss spike (``--divergence-rollback``, ``--divergence-loss-spike``):
   the update is skipped from the last good state, logged with the sublayer, and past the bound training
   stops with the guard's error;
@@ -30,6 +32,7 @@ from conftest import BIN, ROOT, TINY_MODEL, free_port
 from test_reliability_resume import losses, train_env
 
 from deepnet_fairseq.training import verify_checkpoint
+from deepnet_fairseq.training.checkpoints import LOCK_NAME
 from deepnet_fairseq.training.preemption import PREEMPTED_EXIT_STATUS
 from deepnet_fairseq.training.rollback import LOSS_AVERAGE_KEY, PRECISION_KEY
 
@@ -242,7 +245,7 @@ def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, 
     assert_as_uninterrupted(full.text(), reference, stopped + 1, interval)
     verify_checkpoint(last)
     assert updates_in(last) == stopped
-    for path in save.iterdir():  # every file under a checkpoint name is complete; no .tmp is left
+    for path in save.iterdir():  # every file under a checkpoint name is complete; no .tmp is left (nor the lock)
         assert path.suffix == ".pt", path
         verify_checkpoint(path)
 
@@ -331,7 +334,7 @@ def test_rollback_skips_a_nan_update_and_a_loss_spike_and_stops_past_the_bound(m
     found = re.fullmatch(f"divergence rollback 2/2: update 9: {spike}; model and optimizer stay at update 8, "
                          r"batch skipped, learning rate x0.25 from now on", rollbacks[1])
     assert found and float(found[1]) > 3 * float(found[2]), rollbacks[1]
-    assert re.fullmatch(r"deepnet_fairseq\.diagnostics\.monitors\.DivergenceError: training diverged at update 9: "
+    assert re.fullmatch(r"deepnet_fairseq\.instrumentation\.monitors\.DivergenceError: training diverged at update 9: "
                         f"{spike}; rolled back 2 times already \\(--divergence-rollback\\). "
                         r"The last saved checkpoint is untouched\.", text.strip().splitlines()[-1]), text[-1000:]
     # updates 1-4 as the uninterrupted run; 5-8 trained on the next batches at half the learning rate
@@ -385,8 +388,8 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file_and_leaves_no_partial
 
     from fairseq import checkpoint_utils
 
-    from deepnet_fairseq.training import checkpoint_integrity
-    from deepnet_fairseq.training.safe_save import CheckpointWriteError
+    from deepnet_fairseq.training import checkpoints
+    from deepnet_fairseq.training.checkpoints import CheckpointWriteError
 
     last = tmp_path / "checkpoint_last.pt"
     torch.save({"model": {"w": torch.zeros(1000)}}, last)
@@ -402,7 +405,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file_and_leaves_no_partial
     else:
         source = tmp_path / "checkpoint_2_20.pt"
         torch.save({"model": {"w": torch.ones(1000)}}, source)
-        monkeypatch.setattr(checkpoint_integrity.shutil, "copyfileobj", lambda src, dst, length: half_then_full(src, dst))
+        monkeypatch.setattr(checkpoints.shutil, "copyfileobj", lambda src, dst, length: half_then_full(src, dst))
         action = lambda: checkpoint_utils.PathManager.copy(str(source), str(last), overwrite=True)  # noqa: E731
     with pytest.raises(CheckpointWriteError) as raised:
         action()
@@ -410,6 +413,77 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file_and_leaves_no_partial
                                         "a checkpoint needs 0.0 MiB, ") and "MiB free there; " in str(raised.value)
     assert str(raised.value).endswith(f"{last} is unchanged; free space and rerun to resume")
     assert last.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_checkpoint_file_that_vanishes_while_written_is_not_blamed_on_the_disk(tmp_path, monkeypatch):
+    """Another process in the same folder renames our .tmp away (ENOENT): the advice names that, not free space."""
+    from fairseq import checkpoint_utils
+
+    from deepnet_fairseq.training.checkpoints import CheckpointWriteError
+
+    replace = os.replace
+
+    def renamed_by_another_trainer(src, dst):
+        os.remove(src)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", renamed_by_another_trainer)
+    last = tmp_path / "checkpoint_last.pt"
+    with pytest.raises(CheckpointWriteError) as raised:
+        checkpoint_utils.torch_persistent_save({"model": {"w": torch.ones(10)}}, str(last))
+    assert str(raised.value) == (
+        f"could not write checkpoint {last} ([Errno 2] No such file or directory); a file vanished while it was "
+        f"written: another process is writing to {tmp_path} or deleted it (one trainer per --save-dir); "
+        "stop it and rerun to resume")
+
+
+def test_a_trainer_lock_left_by_a_killed_trainer_is_taken_over(tmp_path, caplog):
+    import socket
+
+    from deepnet_fairseq.training.checkpoints import SaveDirLock, hold_save_dir
+
+    child = os.fork()
+    if child == 0:  # a trainer that holds the folder and is killed (kill -9: no clean release)
+        SaveDirLock(str(tmp_path))
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(child, 0)
+    holder = (tmp_path / LOCK_NAME).read_text()
+    assert holder.startswith(f"pid {child} on {socket.gethostname()} since ")
+    with caplog.at_level("WARNING"):
+        lock = hold_save_dir(str(tmp_path))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"taking over {tmp_path / LOCK_NAME} from {holder.strip()}, which ended without releasing it"]
+    assert (tmp_path / LOCK_NAME).read_text().startswith(f"pid {os.getpid()} on ")
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()  # a normal exit leaves nothing to take over
+
+
+def test_a_second_trainer_on_one_save_dir_is_refused_naming_the_holder(multi30k_small_bin, tmp_path):
+    """A job launched twice (or requeued while the old process still runs): the second stops at its start."""
+    import socket
+
+    from conftest import USER_DIR
+
+    from deepnet_fairseq.training.checkpoints import SaveDirInUse, SaveDirLock, hold_save_dir
+
+    save = tmp_path / "save"
+    save.mkdir()
+    lock = hold_save_dir(str(save))  # this process is the first trainer
+    try:
+        holder = (save / LOCK_NAME).read_text().strip()
+        assert re.fullmatch(rf"pid {os.getpid()} on {re.escape(socket.gethostname())} since [\d-]+ [\d:]+", holder)
+        with pytest.raises(SaveDirInUse):
+            SaveDirLock(str(save))
+        proc = subprocess.run([str(c) for c in one_process(multi30k_small_bin, save, USER_DIR)], env=train_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and [line for line in proc.stderr.splitlines() if "error" in line] == [
+            f"error: {save} is in use by another trainer: {holder} ({save / LOCK_NAME}); wait for it to end, "
+            "or stop it, or pass another --save-dir"], proc.stderr[-3000:]
+        assert sorted(p.name for p in save.iterdir()) == [LOCK_NAME]  # nothing written
+        assert (save / LOCK_NAME).read_text().strip() == holder
+    finally:
+        lock.release()
 
 
 def test_save_on_signals_names_catchable_signals_or_none():

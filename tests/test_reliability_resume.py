@@ -21,7 +21,7 @@ import torch
 from conftest import BIN, ROOT, TINY_MODEL, run
 
 from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
-from deepnet_fairseq.training.checkpoint_integrity import repair_last_checkpoint
+from deepnet_fairseq.training.checkpoints import repair_last_checkpoint
 
 MAX_UPDATE = 36
 SAVE_EVERY = 10
@@ -257,7 +257,7 @@ def test_plugin_user_dir_registers_the_exact_resume_task():
 
 
 def test_checkpoint_check_command(good_checkpoint, tmp_path, capsys):
-    from deepnet_fairseq.training.checkpoint_integrity import main
+    from deepnet_fairseq.training.checkpoints import main
 
     bad = tmp_path / "checkpoint_3_30.pt"
     bad.write_bytes(good_checkpoint.read_bytes()[:777])

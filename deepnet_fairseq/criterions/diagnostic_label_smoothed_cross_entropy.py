@@ -37,7 +37,6 @@ import math
 from dataclasses import dataclass, field
 
 from fairseq import metrics
-from fairseq.dataclass import ChoiceEnum
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -54,6 +53,7 @@ from ..instrumentation.monitors import (
     locate_divergence,
     source_dependence,
 )
+from ..instrumentation.reliability_config import ReliabilityConfig
 from ..instrumentation.sublayers import unwrap
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ XATTN_PREFIX = "xattn_"
 
 
 @dataclass
-class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig):
+class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriterionConfig, ReliabilityConfig):
     diag_grad_norms: bool = field(default=False, metadata={"help": "log the gradient norm of every sublayer"})
     diag_update_norm_interval: int = field(
         default=0, metadata={"help": "every K updates, log ||F(x,theta_t)-F(x,theta_0)|| on a fixed probe batch (0: off)"}
@@ -86,24 +86,8 @@ class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriteri
     divergence_skip_batch: bool = field(
         default=False, metadata={"help": "with --divergence-guard: skip a micro-batch with a bad loss instead of stopping"}
     )
-    divergence_rollback: int = field(
-        default=0, metadata={"help": "with --divergence-guard: on a divergence, skip the update's batch and go on from "
-                                     "the last good model and optimizer state, at most N times per run; the next "
-                                     "divergence stops training (0: off, stop at the first)"}
-    )
-    divergence_rollback_lr_factor: float = field(
-        default=1.0, metadata={"help": "with --divergence-rollback: multiply the learning rate by this at each "
-                                       "rollback, for the rest of the run (kept in checkpoints)"}
-    )
-    divergence_loss_spike: float = field(
-        default=0.0, metadata={"help": "with --divergence-guard: an update whose loss per token (over all ranks) is "
-                                       "above F times the running average of the previous updates' diverged "
-                                       "(0: off; the average is kept in checkpoints)"}
-    )
-    divergence_fp16_fallback: ChoiceEnum(["none", "bf16", "fp32"]) = field(
-        default="none", metadata={"help": "with --divergence-guard and --fp16: when the loss scale reaches its "
-                                          "minimum, skip that update and go on in bf16 or fp32 instead of stopping"}
-    )
+    # --divergence-rollback, --divergence-rollback-lr-factor, --divergence-loss-spike, --divergence-fp16-fallback:
+    # ReliabilityConfig (training/rollback.py acts on them; the checks below need --divergence-guard)
 
 
 def _current_update():
@@ -164,11 +148,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self.loss_bound = divergence_loss_bound
         self.grad_bound = divergence_grad_bound
         self.skip_batch = divergence_skip_batch
-        self.rollback_limit = divergence_rollback  # training/rollback.py acts on it
-        self.rollback_lr_factor = divergence_rollback_lr_factor
-        self.rollbacks = 0
-        self.loss_spike = divergence_loss_spike  # training/rollback.py acts on it and on fp16_fallback
-        self.fp16_fallback = None if divergence_fp16_fallback == "none" else divergence_fp16_fallback
+        self.rollback = divergence_rollback > 0  # a bad loss then poisons the gradient (training/rollback.py)
         self._update_loss = (0.0, 0.0)  # this update's good micro-batches: loss sum (nats), sample size
         self._divergence = None  # what the loss check found in this update (rollback mode)
         self._attached = False
@@ -245,7 +225,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
             logging_output.update(loss=zero.detach(), nll_loss=zero.detach(), skipped_batches=1)
             return zero, logging_output
-        if self.rollback_limit:
+        if self.rollback:
             # no rank may stop alone: a non-finite gradient makes every rank's gradient non-finite after
             # the all-reduce, so all of them roll back this update together (training/rollback.py)
             self._divergence = f"{what}; {where}"
@@ -253,6 +233,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         raise DivergenceError(f"training diverged at update {update + 1}: {what}; {where}. "
                               "The last saved checkpoint is untouched.")
 
+    # The interface training/rollback.py uses: take_update_loss, take_divergence, sublayer_grad_norms.
     def take_update_loss(self):
         """(loss sum in nats, sample size) of this rank's good micro-batches since the last call."""
         found, self._update_loss = self._update_loss, (0.0, 0.0)
@@ -262,6 +243,11 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         """What the loss check found in the update that just failed (None: not the loss), and forget it."""
         found, self._divergence = self._divergence, None
         return found
+
+    def sublayer_grad_norms(self):
+        """{sublayer: norm} of the gradient in place now (None without a gradient monitor)."""
+        monitor = getattr(self, "_grad_monitor", None)
+        return None if monitor is None else monitor._norms([(i, p.grad) for i, p in enumerate(monitor.params)])[0]
 
     def _on_grads(self, norms, total):
         update = _current_update() + 1

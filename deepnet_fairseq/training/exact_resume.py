@@ -9,17 +9,19 @@ scheduler, dropout seed (``seed + num_updates``) and iterator position are all r
 
 The fix: always build the frozen batches as an uninterrupted run does (epoch 1), then set the
 iterator's epoch. A damaged ``checkpoint_last.pt`` (e.g. ``kill -9`` during fairseq's non-atomic
-copy) is replaced by the newest complete checkpoint for every task (``checkpoint_guard``).
+copy) is replaced by the newest complete checkpoint for every task (``checkpoints``).
 
-The task also holds the options of the plugin's training-loop guards (``train_loop``), which run with
-their defaults under every other task: ``--save-on-signals`` (``preemption``) and
-``--lost-rank-timeout`` (``lost_rank``).
+Its config also holds the reliability options (``ReliabilityConfig``: ``--save-on-signals``,
+``--lost-rank-timeout``, ``--divergence-*``); under other tasks they take their defaults unless the
+criterion holds them.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from ..instrumentation.reliability_config import ReliabilityConfig
 
 FIRST_EPOCH = 1
 
@@ -36,17 +38,8 @@ class ExactResumeMixin:
 
 
 @dataclass
-class ExactResumeTranslationConfig(TranslationConfig):
-    save_on_signals: str = field(
-        default="SIGUSR1,SIGTERM",
-        metadata={"help": "on any of these signals (comma-separated), finish the current update, save "
-                          "checkpoint_last.pt and exit with status 75 so the job can be requeued ('none': off)"},
-    )
-    lost_rank_timeout: float = field(
-        default=60.0,
-        metadata={"help": "distributed training: stop every rank, naming the lost one, when a rank has sent "
-                          "no heartbeat for this many seconds (killed, node gone, frozen) (0: off)"},
-    )
+class ExactResumeTranslationConfig(TranslationConfig, ReliabilityConfig):
+    pass
 
 
 @register_task("translation_exact_resume", dataclass=ExactResumeTranslationConfig)

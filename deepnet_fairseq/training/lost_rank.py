@@ -8,7 +8,7 @@ fairseq's ``tcp://`` init, in node 0's torchrun otherwise). The thread then logs
 rank and ends the process (status ``LOST_RANK_EXIT_STATUS``): the others do the same, and rerunning
 the command resumes from the last checkpoint. The thread runs beside the main thread, so a rank busy
 in a long save or validation still beats; gloo's "Connection closed by peer" after a ``kill -9``
-waits for this verdict (``train_loop``'s exception hook) instead of printing a traceback.
+waits for this verdict (the plugin's exception hook) instead of printing a traceback.
 """
 
 import logging
@@ -17,6 +17,10 @@ import sys
 import threading
 import time
 from datetime import timedelta
+
+import torch.distributed as dist
+
+from ..instrumentation.monitors import DivergenceError
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +82,6 @@ heartbeat = None  # the running Heartbeat, if any
 def start(rank, world_size, timeout):
     """Start the heartbeat of this rank (distributed runs with a TCP rendezvous store only)."""
     global heartbeat
-    import torch.distributed as dist
-
     if heartbeat is not None or timeout <= 0 or world_size < 2 or not dist.is_initialized():
         return None
     try:
@@ -102,3 +104,12 @@ def wait_for_verdict():
     """Called after a collective failed: give the heartbeat time to name the lost rank (it exits)."""
     if heartbeat is not None and not heartbeat.stopped.is_set():
         heartbeat.join(heartbeat.timeout + 3 * heartbeat.period)
+
+
+def collective_failed(kind, value):
+    """Whether an uncaught exception is a collective that failed (a peer may be gone: wait for the verdict)."""
+    if not issubclass(kind, RuntimeError) or issubclass(kind, DivergenceError):
+        return False
+    text = str(value)
+    return (issubclass(kind, getattr(dist, "DistError", ())) or "gloo" in text or "NCCL" in text
+            or any(word in text for word in ("Connection closed", "Connection reset", "Broken pipe", "Timed out")))

@@ -7,8 +7,8 @@ on to the end of the update it is in; then every rank agrees to stop (``train_lo
 all-reduce of a flag per update, so no rank saves at a different update), rank 0 saves the
 exact-resume state to ``checkpoint_last.pt``, logs one line and every rank exits with
 ``PREEMPTED_EXIT_STATUS`` (75, ``EX_TEMPFAIL``: try again). The setups' launcher requeues the SLURM
-job (``scontrol requeue``) when that status comes back. ``--save-on-signals`` (task
-``translation_exact_resume``) picks the signals or turns this off.
+job (``scontrol requeue``) when that status comes back. ``--save-on-signals`` (``ReliabilityConfig``)
+picks the signals or turns this off.
 """
 
 import logging
@@ -17,7 +17,6 @@ import signal
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_STATUS = 75  # sysexits.h EX_TEMPFAIL; deepnet_setups.runner.PREEMPTED_EXIT_STATUS too
-DEFAULT_SIGNALS = "SIGUSR1,SIGTERM"
 
 
 def parse_signals(text):

@@ -1,5 +1,6 @@
 """Roll back instead of dying: ``--divergence-rollback N``, ``--divergence-loss-spike F`` and
-``--divergence-fp16-fallback P`` of ``diagnostic_label_smoothed_cross_entropy``.
+``--divergence-fp16-fallback P`` (``ReliabilityConfig``; they need ``--criterion
+diagnostic_label_smoothed_cross_entropy --divergence-guard``, whose checks fire them).
 
 Every trigger fires *before* the optimizer step of the update it is in, on every rank at once: a
 non-finite or out-of-bound loss (the criterion then makes the update's gradient non-finite, so every
@@ -47,47 +48,88 @@ PRECISION_KEY = "deepnet_fairseq_precision"
 LOSS_AVERAGE_DECAY = 0.98  # about the last 50 updates
 
 
-def enabled(trainer):
-    return getattr(trainer.criterion, "rollback_limit", 0) > 0
+class Rollback:
+    """The ``--divergence-*`` options of this run (``ReliabilityConfig``) and the rollbacks done so far.
 
+    It reads the criterion through three methods only: ``take_update_loss()`` (this update's loss sum
+    and size), ``take_divergence()`` (what the loss check found, or None) and ``sublayer_grad_norms()``.
+    """
 
-def check_gradient(trainer, grad_norm):
-    """Raise ``DivergenceError`` for a non-finite gradient norm (after the all-reduce: on every rank)."""
-    if torch.isfinite(grad_norm).all():
-        return
-    criterion = trainer.criterion
-    reason = criterion.take_divergence()
-    monitor = getattr(criterion, "_grad_monitor", None)
-    if reason is None and monitor is not None:
-        reason = describe_nonfinite(monitor._norms([(i, p.grad) for i, p in enumerate(monitor.params)])[0])
-    criterion._divergence = reason or "non-finite gradient norm"
-    raise DivergenceError(f"training diverged at update {trainer.get_num_updates() + 1}: {criterion._divergence}")
+    def __init__(self, options):
+        self.limit = options.divergence_rollback
+        self.lr_factor = options.divergence_rollback_lr_factor
+        self.loss_spike = options.divergence_loss_spike
+        fallback = str(options.divergence_fp16_fallback)
+        self.fp16_fallback = None if fallback == "none" else fallback
+        self.count = 0
 
+    def check_gradient(self, trainer, grad_norm):
+        """Raise ``DivergenceError`` for a non-finite gradient norm (after the all-reduce: on every rank)."""
+        if torch.isfinite(grad_norm).all():
+            return
+        criterion = trainer.criterion
+        reason = criterion.take_divergence()
+        norms = criterion.sublayer_grad_norms()
+        if reason is None and norms is not None:
+            reason = describe_nonfinite(norms)
+        raise DivergenceError(f"training diverged at update {trainer.get_num_updates() + 1}: "
+                              f"{reason or 'non-finite gradient norm'}")
 
-def check_loss_spike(trainer):
-    """Raise ``DivergenceError`` if this update's loss per token (all ranks) is over ``--divergence-loss-spike``
-    times the running average of the updates before it; else fold it into that average."""
-    criterion = trainer.criterion
-    loss_sum, size = criterion.take_update_loss()
-    if trainer.data_parallel_world_size > 1:
-        total = torch.tensor([loss_sum, size], dtype=torch.float64, device=trainer.device)
-        loss_sum, size = distributed_utils.all_reduce(total, group=trainer.data_parallel_process_group).tolist()
-    if size == 0:
-        return
-    per_token = loss_sum / size / math.log(2)
-    group = trainer.optimizer.param_groups[0]
-    average = group.get(LOSS_AVERAGE_KEY)
-    if average is not None and per_token > criterion.loss_spike * average:
-        monitor = criterion._grad_monitor
-        norms = monitor._norms([(i, p.grad) for i, p in enumerate(monitor.params)])[0]
-        top = max(norms, key=norms.get) if norms else "(none)"
-        criterion._divergence = (f"loss {per_token:.4g} per token > {criterion.loss_spike:g} x its running average "
-                                 f"{average:.4g} (--divergence-loss-spike); largest gradient in sublayer {top} "
-                                 f"({norms.get(top, float('nan')):.4g})")
-        raise DivergenceError(f"training diverged at update {trainer.get_num_updates() + 1}: {criterion._divergence}. "
-                              "The last saved checkpoint is untouched.")
-    group[LOSS_AVERAGE_KEY] = per_token if average is None else (
-        LOSS_AVERAGE_DECAY * average + (1 - LOSS_AVERAGE_DECAY) * per_token)
+    def check_loss_spike(self, trainer):
+        """Raise ``DivergenceError`` if this update's loss per token (all ranks) is over ``--divergence-loss-spike``
+        times the running average of the updates before it; else fold it into that average."""
+        loss_sum, size = trainer.criterion.take_update_loss()
+        if trainer.data_parallel_world_size > 1:
+            total = torch.tensor([loss_sum, size], dtype=torch.float64, device=trainer.device)
+            loss_sum, size = distributed_utils.all_reduce(total, group=trainer.data_parallel_process_group).tolist()
+        if size == 0:
+            return
+        per_token = loss_sum / size / math.log(2)
+        group = trainer.optimizer.param_groups[0]
+        average = group.get(LOSS_AVERAGE_KEY)
+        if average is not None and per_token > self.loss_spike * average:
+            norms = trainer.criterion.sublayer_grad_norms() or {}
+            top = max(norms, key=norms.get) if norms else "(none)"
+            raise DivergenceError(f"training diverged at update {trainer.get_num_updates() + 1}: loss {per_token:.4g} "
+                                  f"per token > {self.loss_spike:g} x its running average {average:.4g} "
+                                  f"(--divergence-loss-spike); largest gradient in sublayer {top} "
+                                  f"({norms.get(top, float('nan')):.4g}). The last saved checkpoint is untouched.")
+        group[LOSS_AVERAGE_KEY] = per_token if average is None else (
+            LOSS_AVERAGE_DECAY * average + (1 - LOSS_AVERAGE_DECAY) * per_token)
+
+    def recover(self, trainer, err):
+        """Whether the diverged update was handled: skipped (the state is still the previous update's), in
+        another precision at the fp16 minimum loss scale; raises past the rollback bound."""
+        criterion = trainer.criterion
+        update = trainer.get_num_updates() + 1
+        reason = criterion.take_divergence() or str(err).split(": ", 1)[-1].split(". The last saved")[0]
+        criterion.take_update_loss()
+        if isinstance(err, MinimumLossScale) and self.fp16_fallback and trainer.cfg.common.fp16:
+            fall_back_precision(trainer, self.fp16_fallback)
+            logger.warning(f"fp16 fall-back: update {update}: {reason}; model and optimizer stay at update "
+                           f"{update - 1}, batch skipped; training goes on in {self.fp16_fallback} "
+                           "(--divergence-fp16-fallback)")
+            return True
+        if not self.limit:
+            return False
+        self.count += 1
+        if self.count > self.limit:
+            raise DivergenceError(f"training diverged at update {update}: {reason}; rolled back "
+                                  f"{self.limit} times already (--divergence-rollback). "
+                                  "The last saved checkpoint is untouched.") from None
+        trainer.zero_grad()
+        scaler = getattr(trainer.optimizer, "scaler", None)  # fp16: leave the minimum loss scale
+        if scaler is not None and getattr(scaler, "loss_scale", None) is not None:
+            scaler.loss_scale = max(scaler.loss_scale, trainer.cfg.common.fp16_init_scale)  # untested on GPU
+        lr = ""
+        if self.lr_factor != 1.0:
+            for group in trainer.optimizer.param_groups:
+                group[LR_SCALE_KEY] = group.get(LR_SCALE_KEY, 1.0) * self.lr_factor
+            trainer.lr_step_update()
+            lr = f", learning rate x{trainer.optimizer.param_groups[0][LR_SCALE_KEY]:g} from now on"
+        logger.warning(f"divergence rollback {self.count}/{self.limit}: update {update}: "
+                       f"{reason}; model and optimizer stay at update {update - 1}, batch skipped{lr}")
+        return True
 
 
 def fall_back_precision(trainer, precision):
@@ -100,41 +142,6 @@ def fall_back_precision(trainer, precision):
     trainer.optimizer.scaler = None  # as fairseq builds its fp16 optimizer for --bf16
     trainer.cfg.common.fp16, trainer.cfg.common.bf16 = False, precision == "bf16"  # batches cast to match
     trainer.optimizer.param_groups[0][PRECISION_KEY] = precision
-
-
-def recover(trainer, err):
-    """Whether the diverged update was handled: skipped (the state is still the previous update's), in
-    another precision at the fp16 minimum loss scale; raises past the rollback bound."""
-    criterion = trainer.criterion
-    update = trainer.get_num_updates() + 1
-    reason = criterion.take_divergence() or str(err).split(": ", 1)[-1].split(". The last saved")[0]
-    criterion.take_update_loss()
-    fallback = getattr(criterion, "fp16_fallback", None)
-    if isinstance(err, MinimumLossScale) and fallback and trainer.cfg.common.fp16:
-        fall_back_precision(trainer, fallback)
-        logger.warning(f"fp16 fall-back: update {update}: {reason}; model and optimizer stay at update "
-                       f"{update - 1}, batch skipped; training goes on in {fallback} (--divergence-fp16-fallback)")
-        return True
-    if not enabled(trainer):
-        return False
-    criterion.rollbacks += 1
-    if criterion.rollbacks > criterion.rollback_limit:
-        raise DivergenceError(f"training diverged at update {update}: {reason}; rolled back "
-                              f"{criterion.rollback_limit} times already (--divergence-rollback). "
-                              "The last saved checkpoint is untouched.") from None
-    trainer.zero_grad()
-    scaler = getattr(trainer.optimizer, "scaler", None)  # fp16: leave the minimum loss scale
-    if scaler is not None and getattr(scaler, "loss_scale", None) is not None:
-        scaler.loss_scale = max(scaler.loss_scale, trainer.cfg.common.fp16_init_scale)  # untested on GPU
-    lr = ""
-    if criterion.rollback_lr_factor != 1.0:
-        for group in trainer.optimizer.param_groups:
-            group[LR_SCALE_KEY] = group.get(LR_SCALE_KEY, 1.0) * criterion.rollback_lr_factor
-        trainer.lr_step_update()
-        lr = f", learning rate x{trainer.optimizer.param_groups[0][LR_SCALE_KEY]:g} from now on"
-    logger.warning(f"divergence rollback {criterion.rollbacks}/{criterion.rollback_limit}: update {update}: "
-                   f"{reason}; model and optimizer stay at update {update - 1}, batch skipped{lr}")
-    return True
 
 
 def resume_precision(trainer):
