@@ -1,6 +1,8 @@
 """``--encoder-drop-residual-layer K`` (Liu et al. 2021): encoder layer K's self-attention without its residual
 connection, in every architecture built on the plugin's layer classes; the other sublayers are untouched."""
 
+import subprocess
+
 import pytest
 import torch
 from test_models import build
@@ -27,3 +29,24 @@ def test_only_the_chosen_layers_self_attention_loses_its_residual(arch):
 def test_a_layer_outside_the_encoder_is_refused():
     with pytest.raises(ValueError, match=r"--encoder-drop-residual-layer 3: the encoder has layers 0 to 2"):
         build("deepnet_transformer", *SHAPE, "--encoder-drop-residual-layer", 3)
+
+
+def test_a_run_with_the_residual_drop_resumes_exactly(multi30k_small_bin, tmp_path):
+    """It adds no state: stopped at update 20 and rerun to 36, the run logs the uninterrupted run's losses."""
+    from test_reliability_resume import MAX_UPDATE, losses, train_cmd, train_env
+
+    from conftest import ROOT
+
+    logs = {}
+    for name, stops in (("straight", [MAX_UPDATE]), ("resumed", [20, MAX_UPDATE])):
+        logs[name] = ""
+        for stop in stops:
+            cmd = [str(c) for c in train_cmd(multi30k_small_bin, tmp_path / name, ROOT / "deepnet_fairseq")]
+            cmd[cmd.index("--max-update") + 1] = str(stop)
+            proc = subprocess.run([*cmd, "--encoder-drop-residual-layer", "1"], capture_output=True, text=True,
+                                  env=train_env())
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            logs[name] += proc.stdout + proc.stderr
+    straight, resumed = losses(logs["straight"]), losses(logs["resumed"])
+    assert sorted(resumed) == sorted(straight) == list(range(1, MAX_UPDATE + 1))
+    assert resumed == straight
