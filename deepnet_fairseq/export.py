@@ -237,6 +237,9 @@ def plain_fairseq_state(state):
     if name not in SUPPORTED:
         raise ExportError(f"architecture '{arch}' ({name}) has no exact equivalent in plain fairseq; "
                           f"export supports {', '.join(SUPPORTED)}")
+    if options.get("encoder_drop_residual_layer") is not None:
+        raise ExportError(f"--encoder-drop-residual-layer {options['encoder_drop_residual_layer']}: plain fairseq's "
+                          "layers always keep their residual connections; no exact equivalent")
     lm = name in ("deepnet_transformer_lm", "transformer_lm")
     if name.startswith("deepnet_"):
         weights, alphas = fold_deepnorm_alpha(state["model"])
