@@ -13,7 +13,8 @@ on all of Multi30k's test2016 by benchmarks/deploy.py. Decoding settings are fix
 Without a setup: conftest's fairseq-preprocess slice, a DeepNet trained a few updates by fairseq-train
 and fairseq's own transformer, exported to CTranslate2 from the data folder alone. The translator
 through bad input: invalid UTF-8, a 3,000-word line, empty lines, a sentence that fails to decode.
-The multilingual export is tested on the OPUS-100 pipeline's model (test_setup_opus.py).
+The multilingual export is tested on the OPUS-100 pipeline's model (test_setup_opus.py), and here on a small
+multilingual model in a zero-shot direction, at a small length limit, with two language-tag strategies.
 """
 
 import json
@@ -371,6 +372,134 @@ def test_plain_fairseq_train_checkpoints_translate_with_ctranslate2_as_fairseq_g
         distinct = len(set(expected))
         print(f"\n{arch}: {len(expected)} hypotheses, {distinct} distinct, the same from CTranslate2")
         assert tp.read_lines(out) == expected and len(expected) == 24 and distinct >= 5
+
+
+# -- a multilingual model: CTranslate2 as fairseq-generate in a zero-shot direction ----------------------
+
+LANG_PAIRS = "de-en,en-de,en-fr,fr-en"
+TAG_STRATEGIES = {"S-ENC-T-DEC": ["--encoder-langtok", "src", "--decoder-langtok"], "T-ENC": ["--encoder-langtok", "tgt"]}
+ZERO_SHOT_LEN_A, ZERO_SHOT_LEN_B = 0.3, 2  # at most 0.3 x (the batch's longest source, tag and </s> in) + 2 tokens
+
+
+def fairseq_main(module, argv):
+    """A fairseq command's ``main`` in this process (its logging.basicConfig may add a handler: undone)."""
+    from fairseq import options
+
+    parser = options.get_preprocessing_parser() if module == "preprocess" else options.get_generation_parser()
+    main = getattr(__import__(f"fairseq_cli.{module}", fromlist=["main"]), "main")
+    handlers = logging.getLogger().handlers[:]
+    try:
+        main(parser.parse_args(argv) if module == "preprocess" else options.parse_args_and_arch(parser, input_args=argv))
+    finally:
+        logging.getLogger().handlers = handlers
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory, multi30k):
+    """A multilingual model with a zero-shot direction: Multi30k de-en (its first 400 captions) and en-fr (the
+    next 400, so that no English sentence is in both), word tokens, one dictionary; the first 60 captions of
+    test2016 de-fr (three-way parallel) as the zero-shot test. A 3L-3L DeepNet with init gain beta = 1 trained
+    60 updates by fairseq-train on fairseq's multilingual task with S-ENC-T-DEC tags (the source's tag before
+    the source, the target's forced as the first output token): its outputs repeat and vary little with the
+    source, many run to a small length limit, and in de-fr the target tag is unlikely (log-prob about -1.8).
+    The same weights under T-ENC (``--encoder-langtok tgt``, no decoder tag) are its checkpoint with the task's
+    tag options changed: the engines must agree for any weights, so no second training."""
+    tmp = tmp_path_factory.mktemp("multilingual")
+    raw, data = tmp / "raw", tmp / "bin"
+    raw.mkdir()
+    fr = multi30k.parent / "multi30k_en_fr"
+
+    def lines(folder, stem, lang, start, count):
+        return tp.read_lines(folder / f"{stem}.{lang}")[start:start + count]
+
+    texts = {("train", "de-en"): {lang: lines(multi30k, "train", lang, 0, 400) for lang in ("de", "en")},
+             ("train", "en-fr"): {lang: lines(fr, "train", lang, 400, 400) for lang in ("en", "fr")},
+             ("test", "de-fr"): {"de": lines(multi30k, "test2016", "de", 0, 60), "fr": lines(fr, "test2016", "fr", 0, 60)}}
+    for (split, pair), sides in texts.items():
+        for lang, text in sides.items():
+            tp.write_lines(raw / f"{split}.{pair}.{lang}", text)
+    tp.write_lines(raw / "all.txt", [line for (split, _), sides in texts.items() if split == "train"
+                                     for text in sides.values() for line in text])
+    fairseq_main("preprocess", ["--only-source", "--trainpref", str(raw / "all.txt"), "--destdir", str(tmp / "dict"),
+                                "--workers", "1"])
+    for (split, pair), _ in texts.items():
+        source, target = pair.split("-")
+        fairseq_main("preprocess", ["-s", source, "-t", target, f"--{split}pref", str(raw / f"{split}.{pair}"),
+                                    "--destdir", str(data), "--srcdict", str(tmp / "dict/dict.txt"),
+                                    "--tgtdict", str(tmp / "dict/dict.txt"), "--workers", "1"])
+    for lang in ("de", "en", "fr"):  # the multilingual task reads one dict.<lang>.txt per language
+        (data / f"dict.{lang}.txt").write_bytes((tmp / "dict/dict.txt").read_bytes())
+    task = ["--task", "translation_multi_simple_epoch", "--lang-pairs", LANG_PAIRS, "--langs", "de,en,fr"]
+    run([BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--cpu", "--seed", "1", *task,
+         *TAG_STRATEGIES["S-ENC-T-DEC"], "--arch", "deepnet_transformer", "--encoder-layers", "3", "--decoder-layers", "3",
+         *SMALL, "--deepnorm-encoder-beta", "1", "--deepnorm-decoder-beta", "1", "--optimizer", "adam",
+         "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "2048",
+         "--max-update", "60", "--save-dir", tmp / "S-ENC-T-DEC", "--no-epoch-checkpoints", "--disable-validation",
+         "--num-workers", "0"])
+    state = torch.load(tmp / "S-ENC-T-DEC/checkpoint_last.pt", map_location="cpu", weights_only=False)
+    from omegaconf import open_dict
+
+    with open_dict(state["cfg"]):
+        state["cfg"]["task"]["encoder_langtok"], state["cfg"]["task"]["decoder_langtok"] = "tgt", False
+    (tmp / "T-ENC").mkdir()
+    torch.save(state, tmp / "T-ENC/checkpoint_last.pt")
+    return {"tmp": tmp, "data": data, "raw": raw, "task": task}
+
+
+@pytest.mark.parametrize("strategy", TAG_STRATEGIES)
+def test_multilingual_zero_shot_ctranslate2_gives_fairseq_generates_hypotheses_at_the_length_limit(multilingual,
+                                                                                                      strategy):
+    """De-fr (zero-shot): fairseq-generate (the multilingual task, beam 5, a small length limit, --max-tokens 300:
+    4 batches, so 4 limits) and the CTranslate2 export decoding fairseq-generate's batches
+    (``fairseq_generate_batches``, as evaluate.sh --engine ctranslate2 does) give the same hypotheses for
+    every sentence, with a third or more of them at the limit. CTranslate2's own best differs on some
+    (S-ENC-T-DEC: it leaves the forced tag's log-probability out of its ranking; at the limit fairseq forces
+    </s> one step later): the translator ranks CTranslate2's n-best as fairseq does (docs/deploy.md)."""
+    from deepnet_fairseq.translate import DeployedTranslator
+    from deepnet_setups.evaluate import fairseq_generate_batches
+
+    tmp, data = multilingual["tmp"], multilingual["data"]
+    checkpoint = tmp / strategy / "checkpoint_last.pt"
+    task = multilingual["task"] + TAG_STRATEGIES[strategy] + ["--source-lang", "de", "--target-lang", "fr"]
+    decoding = ["--beam", str(BEAM), "--max-len-a", str(ZERO_SHOT_LEN_A), "--max-len-b", str(ZERO_SHOT_LEN_B)]
+    results = tmp / f"generate_{strategy}"
+    fairseq_main("generate", [str(data), "--user-dir", USER_DIR, "--path", str(checkpoint), *task, *decoding,
+                              "--gen-subset", "test", "--cpu", "--max-tokens", "300", "--required-batch-size-multiple",
+                              "1", "--num-workers", "0", "--results-path", str(results)])
+    output = (results / "generate-test.txt").read_text(encoding="utf-8")
+    hypotheses = {int(f[0][2:]): f[2] for f in (line.split("\t") for line in output.splitlines() if line.startswith("H-"))}
+    expected = [hypotheses[i] for i in range(len(hypotheses))]
+
+    model_dir = export_to(checkpoint, "ctranslate2", tmp / f"ct2_{strategy}")
+    translator = DeployedTranslator(model_dir)
+    assert (translator.settings["encoder_langtok"], translator.settings["decoder_langtok"]) == (
+        {"S-ENC-T-DEC": ("src", True), "T-ENC": ("tgt", False)}[strategy])
+    batches = fairseq_generate_batches({"data": {}, "eval": {"subset": "test", "max_tokens": 300}}, task, data)
+    sources = [line.split() for line in tp.read_lines(multilingual["raw"] / "test.de-fr.de")]
+    outputs = translator.translate_segmented(sources, "de", "fr", beam=BEAM, lenpen=1.0, max_len_a=ZERO_SHOT_LEN_A,
+                                             max_len_b=ZERO_SHOT_LEN_B, batches=batches)
+    assert [" ".join(tokens) for tokens in outputs] == expected and len(expected) == 60
+
+    # the limit each sentence had (fairseq's: 0.3 x its batch's longest source, tag and </s> in, + 2) and
+    # CTranslate2's own best under it, without the translator's ranking
+    limits, own_best = {}, {}
+    source_tags, target_prefix = translator.language_tokens("de", "fr")
+    for batch in batches:
+        limit = int(ZERO_SHOT_LEN_A * (max(len(sources[i]) for i in batch) + len(source_tags) + 1) + ZERO_SHOT_LEN_B)
+        for i in batch:
+            limits[i] = limit
+            (result,) = translator.translator.translate_batch(
+                [source_tags + sources[i]], [target_prefix] if target_prefix else None, beam_size=BEAM,
+                num_hypotheses=1, length_penalty=1.0, max_decoding_length=limit, max_input_length=0)
+            own_best[i] = " ".join(t for t in result.hypotheses[0] if t not in target_prefix)
+    at_limit = sum(len(expected[i].split()) + len(target_prefix) == limits[i] for i in range(len(expected)))
+    differ = sum(own_best[i] != expected[i] for i in range(len(expected)))
+    print(f"\n{strategy} de-fr (zero-shot): {len(expected)} hypotheses = fairseq-generate's, {len(set(expected))} "
+          f"distinct, {at_limit} at the length limit ({len(batches)} batches, limits {sorted(set(limits.values()))}); "
+          f"CTranslate2's own best differs on {differ}")
+    assert len(batches) >= 3 and at_limit >= len(expected) // 3 and len(set(expected)) >= 3
+    assert differ > 0
 
 
 # -- the translator and bad input ------------------------------------------------------------------
