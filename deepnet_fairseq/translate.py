@@ -152,10 +152,7 @@ class DeployedTranslator:
         """Beam search on one chunk; if it fails, sentence by sentence, so that one bad sentence (an
         empty output, warned about) never loses the others."""
         try:
-            results = self.translator.translate_batch(
-                sources, [target_prefix] * len(sources) if target_prefix else None, beam_size=beam,
-                num_hypotheses=beam, length_penalty=lenpen, max_decoding_length=limit, max_input_length=0)
-            return self.best_hypotheses(sources, [r.hypotheses for r in results], limit, lenpen)
+            return self.fairseq_best(sources, target_prefix, beam, lenpen, limit)
         except (RuntimeError, ValueError) as error:
             if len(sources) == 1:
                 warn(indices[0], f"not translated ({type(error).__name__}: {error}); output left empty")
@@ -163,22 +160,103 @@ class DeployedTranslator:
             return [self.decode_chunk([source], target_prefix, beam, lenpen, limit, [i], warn)[0]
                     for source, i in zip(sources, indices)]
 
-    def best_hypotheses(self, sources, nbest, limit, lenpen):
-        """CTranslate2's best, except where the length limit was reached: there fairseq ends each hypothesis
-        with a forced </s> and ranks by (log-prob including that </s>) / (length + 1)^lenpen, while
-        CTranslate2 stops without it; those n-best lists are rescored as fairseq scores them."""
-        best = [hypotheses[0] for hypotheses in nbest]
-        limited = [j for j, hypotheses in enumerate(nbest) if any(len(h) >= limit for h in hypotheses)]
-        pairs = [(j, h) for j in limited for h in nbest[j]]
-        if not pairs:
-            return best
+    def fairseq_best(self, sources, target_prefix, beam, lenpen, limit):
+        """fairseq-generate's best hypothesis (prefix included, </s> not) for each source, from CTranslate2's
+        beam search, which differs from fairseq's (fairseq/sequence_generator.py) in three places:
+
+        - **The forced prefix's score.** fairseq ranks a finished hypothesis by its log-probability, the
+          forced target prefix (the language tag) and </s> included, divided by its length (those tokens
+          counted)^lenpen. CTranslate2 divides by the same length but scores the prefix 0. The prefix's
+          log-probability is the same for all of a sentence's hypotheses (beam search itself is unchanged)
+          but changes the ranking between lengths (the less likely the tag, the more fairseq prefers the
+          longer ones): it is added back.
+        - **</s> right after the prefix.** fairseq ends a hypothesis there when </s> is among the ``beam``
+          best next tokens; CTranslate2 ends it only from the first beam and leaves the beam it would take
+          dead, so that its beam differs from the next step on. Where </s> is 2nd to ``beam``-th after the
+          prefix, </s> is disabled at that one step (``min_decoding_length``: the other tokens, as fairseq
+          takes them) and ``prefix </s>`` is added as fairseq scores it; CTranslate2 then collects up to
+          ``2 beam`` hypotheses (``patience``), of which fairseq's are those that ended first (fairseq
+          stops when ``beam`` have ended, ``prefix </s>`` the first).
+        - **The length limit.** fairseq's hypotheses have at most ``limit`` tokens before </s>: at step
+          ``limit`` it allows only </s>, so each live hypothesis of ``limit`` tokens ends with its real </s>
+          log-probability, unless the sentence's ``beam`` hypotheses ended earlier. CTranslate2 stops at its
+          maximum length without </s> and keeps only ``beam`` hypotheses of its last step. Decoded to
+          ``limit + 1`` tokens, CTranslate2 ends the same sentences at the same steps with the same
+          hypotheses. A sentence that gets to ``limit`` tokens is ranked among its hypotheses that ended
+          and the live ones with </s> forced, all scored by ``score_batch`` (every token's log-probability,
+          </s> included): the live ones are the first ``limit`` tokens of those that went on, and those
+          that CTranslate2 stops at the limit when decoding to ``limit`` tokens. Either decode shows only
+          ``beam`` live ones, so a live one that neither shows is missed (docs/deploy.md)."""
+        n = len(sources)
+        prefix_score, ends_after_prefix, ended = [0.0] * n, [False] * n, [None] * n
+        if target_prefix:
+            scored = self.translator.score_batch(sources, [target_prefix] * n, max_input_length=0)
+            prefix_score = [sum(r.log_probs[:len(target_prefix)]) for r in scored]
+            ended = [sum(r.log_probs) / len(r.log_probs) ** lenpen for r in scored]  # fairseq's score of prefix </s>
+            if beam > 1:
+                ends_after_prefix = [0 < rank < beam for rank in self.end_rank_after(sources, target_prefix)]
+        best = [None] * n
+        for early in (False, True):
+            group = [j for j in range(n) if ends_after_prefix[j] == early]
+            if not group:
+                continue
+            options = {"beam_size": beam, "num_hypotheses": beam, "length_penalty": lenpen, "max_input_length": 0,
+                       "target_prefix": [target_prefix] * len(group) if target_prefix else None}
+            if early:
+                options.update(num_hypotheses=2 * beam, patience=2, min_decoding_length=len(target_prefix) + 1)
+            results = self.translator.translate_batch([sources[j] for j in group], max_decoding_length=limit + 1,
+                                                      return_scores=True, **options)
+            reached = []
+            for j, result in zip(group, results):
+                hypotheses = [(list(h), score + prefix_score[j] / (len(h) + 1) ** lenpen)  # + 1: the </s>
+                              for h, score in zip(result.hypotheses, result.scores)]
+                if early:
+                    hypotheses.append((list(target_prefix), ended[j]))
+                # fairseq's: the first beam to end before the limit (at a step, the likeliest first)
+                ended_first = sorted(hypotheses, key=lambda h: (len(h[0]), -h[1]))
+                ended_first = [h for h in ended_first if len(h[0]) < limit][:beam]
+                if len(ended_first) == beam:
+                    best[j] = max(ended_first, key=lambda h: h[1])[0]
+                else:  # fairseq got to the limit
+                    reached.append((j, [h for h, _ in ended_first + hypotheses]))
+            if reached:
+                if early:
+                    options["min_decoding_length"] = min(len(target_prefix) + 1, limit)
+                options["target_prefix"] = [target_prefix] * len(reached) if target_prefix else None
+                again = self.translator.translate_batch([sources[j] for j, _ in reached], max_decoding_length=limit,
+                                                        **options)
+                self.rank_at_limit(sources, [(j, seen + r.hypotheses) for (j, seen), r in zip(reached, again)],
+                                   limit, lenpen, best)
+        return best
+
+    def rank_at_limit(self, sources, seen, limit, lenpen, best):
+        """``best[j]``: the best of the hypotheses seen for sentence j, each cut to ``limit`` tokens and ended
+        with </s>, scored as fairseq scores them (``score_batch``: log-probabilities, </s> included)."""
+        pairs = [(j, list(h)) for j, hypotheses in seen for h in dict.fromkeys(tuple(h[:limit]) for h in hypotheses)]
         scored = self.translator.score_batch([sources[j] for j, _ in pairs], [h for _, h in pairs], max_input_length=0)
         best_score = {}
         for (j, hypothesis), result in zip(pairs, scored):
-            score = sum(result.log_probs) / len(result.log_probs) ** lenpen  # log_probs include </s>
+            score = sum(result.log_probs) / len(result.log_probs) ** lenpen
             if score > best_score.get(j, -float("inf")):
                 best_score[j], best[j] = score, hypothesis
-        return best
+
+    def end_rank_after(self, sources, target_prefix):
+        """For each source, how many tokens are likelier than </s> right after the target prefix."""
+        import numpy as np
+
+        if not hasattr(self, "_end_id"):
+            names = [name for name in ("target_vocabulary.json", "shared_vocabulary.json")
+                     if (self.model_dir / name).exists()]
+            vocabulary = json.loads((self.model_dir / names[0]).read_text(encoding="utf-8"))
+            self._end_id = vocabulary.index("</s>")
+        results = self.translator.translate_batch(sources, [target_prefix] * len(sources), beam_size=1,
+                                                  max_decoding_length=len(target_prefix) + 1, max_input_length=0,
+                                                  return_logits_vocab=True)
+        ranks = []
+        for result in results:
+            logits = np.asarray(result.logits[0][len(target_prefix)])
+            ranks.append(int((logits > logits[self._end_id]).sum()))
+        return ranks
 
     def translate(self, lines, source_lang=None, target_lang=None, batch_size=32, progress=None, warn=None,
                   **decoding):

@@ -73,15 +73,17 @@ def test_a_target_the_identifier_does_not_know(flores):
 
 
 def test_table_marks_zero_shot_and_unknown_targets():
-    rows = [{"direction": "de-en", "zero_shot": False, "bleu": 12.3, "target_lang_acc": 98.0, "top_wrong_lang": "de",
-             "top_wrong_share": 2.0, "empty_share": 0.0},
-            {"direction": "de-yi", "zero_shot": True, "bleu": 0.1, "target_lang_acc": None, "top_wrong_lang": "",
-             "top_wrong_share": 0.0, "empty_share": 0.0}]
+    rows = [{"direction": "de-en", "zero_shot": False, "bleu": 12.3, "chrf": 40.5, "target_lang_acc": 98.0,
+             "top_wrong_lang": "de", "top_wrong_share": 2.0, "empty_share": 0.0, "pivot_bleu": None},
+            {"direction": "de-yi", "zero_shot": True, "bleu": 0.1, "chrf": 9.25, "target_lang_acc": None,
+             "top_wrong_lang": "", "top_wrong_share": 0.0, "empty_share": 0.0, "pivot_bleu": 2.5,
+             "pivot_target_lang_acc": 80.0, "zero_shot_over_pivot": 0.04}]
     groups = {"zero-shot": {"bleu": 0.1, "directions": 1, "target_lang_acc": langid.mean_accuracy(rows[1:])}}
     lines = langid.table(rows, groups).splitlines()
-    assert "py3langid" in lines[0]
-    assert lines[1].split()[1:5] == ["de-en", "12.30", "98.0%", "de"]
-    assert lines[2].split()[1:4] == ["de-yi*", "0.10", "n/a"]
+    assert "py3langid" in lines[0] and "chrF++" in lines[0] and "zero/pivot" in lines[0]
+    assert lines[1].split()[1:6] == ["de-en", "12.30", "40.50", "98.0%", "de"]
+    assert lines[2].split()[1:5] == ["de-yi*", "0.10", "9.25", "n/a"]
+    assert lines[2].split()[-3:] == ["2.50", "80.0%", "0.04"]  # the pivot through English
     assert lines[3] == "[evaluate] zero-shot: on-target n/a over 1 directions"
     assert langid.mean_accuracy(rows) == 98.0
 
