@@ -1,7 +1,8 @@
-"""The paper setups (IWSLT-14, WMT-17, OPUS-100, 102 languages) from raw text to BLEU.
+"""The paper setups (IWSLT-14, WMT-17, OPUS-100, 102 languages) from raw text to BLEU, above the plugin.
 
-``config`` loads ``configs/<setup>.yaml``; ``prepare`` cleans, tokenises and segments text with
-``deepnet_fairseq.textprep`` (one level up: export and translate use it too) and binarises it;
-``launch`` builds the training command; ``average`` averages checkpoints; ``score`` computes each
-setup's metric; ``records`` appends run records; ``report`` turns records into tables. The shell scripts in ``scripts/`` call these modules.
+``config`` loads ``configs/<setup>.yaml`` (OmegaConf); ``prepare`` cleans, tokenises, segments and binarises
+text with the plugin's ``deepnet_fairseq.textprep``; ``launch`` builds and runs the training command;
+``evaluate`` averages checkpoints, translates and scores; ``report`` turns records into tables; ``lang_tags``
+names the multilingual tag strategies; ``runner`` is the command builder and log reader the experiments share.
+The shell scripts in ``scripts/`` call these modules.
 """
