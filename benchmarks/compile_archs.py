@@ -45,12 +45,12 @@ def prepare(work):
     text = write_reverse_map_task(work / "text", train=1000, valid=50, test=50)
     dest = work / "bin"
     if not (dest / "train.src-tgt.src.bin").exists():
-        subprocess.run([runner.BIN_DIR / "fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref", text / "train",
+        subprocess.run([runner.program("fairseq-preprocess"), "-s", "src", "-t", "tgt", "--trainpref", text / "train",
                         "--validpref", text / "valid", "--destdir", dest, "--joined-dictionary", "--workers", "1"],
                        check=True, capture_output=True)
     lm = work / "lm_bin"
     if not (lm / "train.bin").exists():
-        subprocess.run([runner.BIN_DIR / "fairseq-preprocess", "--only-source", "--trainpref", text / "train.tgt",
+        subprocess.run([runner.program("fairseq-preprocess"), "--only-source", "--trainpref", text / "train.tgt",
                         "--validpref", text / "valid.tgt", "--destdir", lm, "--workers", "1"],
                        check=True, capture_output=True)
     return dest, lm

@@ -58,7 +58,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work:
         text = write_reverse_map_task(Path(work) / "text", train=20000)
         data, preprocess_log = Path(work) / "bin", Path(work) / "preprocess.log"
-        if runner.run_quiet([runner.BIN_DIR / "fairseq-preprocess", "-s", "src", "-t", "tgt", "--trainpref",
+        if runner.run_quiet([runner.program("fairseq-preprocess"), "-s", "src", "-t", "tgt", "--trainpref",
                              text / "train", "--validpref", text / "valid", "--destdir", data, "--joined-dictionary",
                              "--workers", 4], preprocess_log, env=dict(os.environ)) != 0:
             sys.exit(f"fp16_scaler_check.sh: fairseq-preprocess failed:\n{preprocess_log.read_text()}")

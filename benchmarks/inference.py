@@ -54,7 +54,7 @@ def prepare(work):
             lines = (DATA / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             (text / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     tmp = work / "bin.tmp"
-    run([runner.BIN_DIR / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref", text / "train", "--validpref",
+    run([runner.program("fairseq-preprocess"), "-s", "de", "-t", "en", "--trainpref", text / "train", "--validpref",
          text / "valid", "--testpref", text / "test", "--destdir", tmp, "--joined-dictionary", "--workers", "1"],
         work / "preprocess.log")
     if out.exists():

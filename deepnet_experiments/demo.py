@@ -86,7 +86,7 @@ def binarise(text, src, tgt, out):
     dest = out / f"bin_{src}_{tgt}"
     if (dest / ".done").exists():
         return dest
-    subprocess.run([runner.BIN_DIR / "fairseq-preprocess", "-s", src, "-t", tgt, "--trainpref", text / "train",
+    subprocess.run([runner.program("fairseq-preprocess"), "-s", src, "-t", tgt, "--trainpref", text / "train",
                     "--validpref", text / "valid", "--destdir", dest, "--joined-dictionary", "--workers", "1"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (dest / ".done").touch()

@@ -93,7 +93,7 @@ def build_default_data(out, pairs):
         for lang in ("de", "en"):
             lines = (DEFAULT_RAW / f"{src}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             (tmp / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    rc = runner.run_quiet([runner.BIN_DIR / "fairseq-preprocess", "-s", "de", "-t", "en", "--trainpref",
+    rc = runner.run_quiet([runner.program("fairseq-preprocess"), "-s", "de", "-t", "en", "--trainpref",
                            tmp / "train", "--validpref", tmp / "valid", "--testpref", tmp / "test", "--destdir",
                            tmp / "bin", "--joined-dictionary", "--workers", "1"], tmp / "preprocess.log")
     if rc != 0:

@@ -28,7 +28,7 @@ from deepnet_fairseq.average import average_checkpoints, last_checkpoints
 from . import lang_tags, langid
 from .config import ConfigError, load
 from .launch import LaunchError, fairseq_arch, parse_layers, run_dir, run_settings
-from .runner import BIN_DIR, USER_DIR, append_record, deepnorm_from_log, fairseq_options
+from .runner import USER_DIR, append_record, deepnorm_from_log, fairseq_options, program
 
 
 def bleu(hyps, refs, tokenize, lowercase=False):
@@ -71,8 +71,7 @@ def hypotheses(output):
 
 def generate(cfg, checkpoint, gen_args, cpu, log_path, plugin=True):
     """Run fairseq-generate; returns the hypotheses ordered by sentence id."""
-    program = str(BIN_DIR / "fairseq-generate") if (BIN_DIR / "fairseq-generate").exists() else "fairseq-generate"
-    cmd = [program] + generate_args(cfg, checkpoint, gen_args, cpu, plugin)
+    cmd = [program("fairseq-generate")] + generate_args(cfg, checkpoint, gen_args, cpu, plugin)
     print("[evaluate] " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     log_path.write_text(proc.stdout + proc.stderr, encoding="utf-8")
@@ -261,8 +260,7 @@ def binarise_lines(cfg, folder, source_lang, target_lang, source, target):
     tp.write_lines(Path(f"{prefix}.{target_lang}"), target)
     shutil.rmtree(folder / "bin", ignore_errors=True)
     dictionary = work / "spm" / "dict.txt"
-    program = BIN_DIR / "fairseq-preprocess"
-    proc = subprocess.run([str(program if program.exists() else "fairseq-preprocess"), "--source-lang", source_lang,
+    proc = subprocess.run([program("fairseq-preprocess"), "--source-lang", source_lang,
                            "--target-lang", target_lang, "--testpref", str(prefix), "--destdir", str(folder / "bin"),
                            "--srcdict", str(dictionary), "--tgtdict", str(dictionary), "--workers", "1"],
                           capture_output=True, text=True)

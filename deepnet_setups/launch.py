@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import lang_tags
 from .config import ConfigError, load
-from .runner import BIN_DIR, PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, fairseq_options, run
+from .runner import PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, fairseq_options, program, run
 
 ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
 # fairseq's own Post-LN architecture for each size variant of deepnet_fairseq.models.sizes
@@ -188,20 +188,20 @@ def check_optional_needs(fairseq_args):
 
 def launch_commands(opts, fairseq_args):
     """One command per node: plain fairseq-train for one process, torchrun otherwise."""
-    fairseq_train = str(BIN_DIR / "fairseq-train") if (BIN_DIR / "fairseq-train").exists() else "fairseq-train"
+    fairseq_train = program("fairseq-train")
     per_node = opts.procs if opts.cpu else opts.gpus
     if opts.nodes == 1 and per_node == 1:
         return [[fairseq_train] + fairseq_args]
     cpu_worker = ["-m", "deepnet_setups.cpu_worker"]  # fairseq-train on CPU, rank from the launcher
     if opts.launcher == "slurm":  # one task per process; fairseq (cpu_worker on CPU) reads SLURM's environment
-        program = [sys.executable, *cpu_worker] if opts.cpu else [f"--gpus-per-node={per_node}", fairseq_train]
-        return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", *program]
+        worker = [sys.executable, *cpu_worker] if opts.cpu else [f"--gpus-per-node={per_node}", fairseq_train]
+        return [["srun", f"--nodes={opts.nodes}", f"--ntasks-per-node={per_node}", *worker]
                 + fairseq_args + ["--distributed-port", str(opts.master_port)]]
-    torchrun = str(BIN_DIR / "torchrun") if (BIN_DIR / "torchrun").exists() else "torchrun"
-    program = cpu_worker if opts.cpu else [fairseq_train]
+    torchrun = program("torchrun")
+    worker = cpu_worker if opts.cpu else [fairseq_train]
     ranks = range(opts.nodes) if opts.dry_run else [opts.node_rank]
     return [[torchrun, f"--nproc_per_node={per_node}", f"--nnodes={opts.nodes}", f"--node_rank={rank}",
-             f"--master_addr={opts.master_addr}", f"--master_port={opts.master_port}"] + program + fairseq_args
+             f"--master_addr={opts.master_addr}", f"--master_port={opts.master_port}"] + worker + fairseq_args
             for rank in ranks]
 
 

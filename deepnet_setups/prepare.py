@@ -30,17 +30,11 @@ from pathlib import Path
 
 from deepnet_fairseq import textprep as tp
 from .config import ConfigError, load
-
-FAIRSEQ_BIN = Path(sys.executable).parent
+from .runner import program
 
 
 def log(message):
     print(f"[prepare] {message}", flush=True)
-
-
-def fairseq_command(name):
-    path = FAIRSEQ_BIN / name
-    return str(path) if path.exists() else name
 
 
 class Step:
@@ -203,7 +197,7 @@ def binarize_bilingual(cfg, work, workers, dry_run=False):
     src, tgt = cfg["data"]["source_lang"], cfg["data"]["target_lang"]
     bpe, out = work / "bpe", work / "bin"
     tmp = work / "bin.tmp"
-    cmd = [fairseq_command("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+    cmd = [program("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
            "--trainpref", bpe / "train", "--validpref", bpe / "valid", "--testpref", bpe / "test",
            "--destdir", tmp, "--joined-dictionary", "--workers", workers]
     return _run_binarize([cmd], out, tmp, dry_run)
@@ -317,7 +311,7 @@ def binarize_multilingual(cfg, work, workers, dry_run=False):
     cmds = []
     for corpus in multilingual_corpora(cfg):
         a, b = corpus.split("-")
-        cmd = [fairseq_command("fairseq-preprocess"), "--source-lang", a, "--target-lang", b,
+        cmd = [program("fairseq-preprocess"), "--source-lang", a, "--target-lang", b,
                "--destdir", tmp, "--srcdict", dict_txt, "--tgtdict", dict_txt, "--workers", workers]  # one joint dictionary
         for split in ("train", "valid", "test"):
             if dry_run or (text / f"{split}.{corpus}.{a}").exists():

@@ -58,10 +58,15 @@ def fairseq_args(data, options, extra=()):
     return [str(data), "--user-dir", str(USER_DIR), *fairseq_options(options), *map(str, extra)]
 
 
-def fairseq_command(program, data, options, extra=()):
-    """``[BIN_DIR/program, *fairseq_args(data, options, extra)]``."""
-    path = BIN_DIR / program
-    return [str(path if path.exists() else program), *fairseq_args(data, options, extra)]
+def program(name):
+    """This Python's ``name`` script (fairseq-train, torchrun, ...), or ``name`` on PATH if it has none."""
+    path = BIN_DIR / name
+    return str(path) if path.exists() else name
+
+
+def fairseq_command(name, data, options, extra=()):
+    """``[program(name), *fairseq_args(data, options, extra)]``."""
+    return [program(name), *fairseq_args(data, options, extra)]
 
 
 # -- what the drivers' small runs share ----------------------------------------------------------------

@@ -259,6 +259,7 @@ def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, 
     assert_same_parameters(last, reference)
 
 
+@pytest.mark.slow  # six two-process runs (~100 s); the one-process faults above stay in make test
 def test_two_processes_preempted_or_a_rank_killed_lose_nothing(multi30k_small_bin, fault_shim, reference, tmp_path):
     save = tmp_path / "save"
     last = save / "checkpoint_last.pt"
@@ -348,6 +349,7 @@ def test_rollback_skips_a_nan_update_and_a_loss_spike_and_stops_past_the_bound(m
     assert not (save / "crash.pt").exists()  # fairseq's NaN path (crash.pt, NaN detector re-run) not taken
 
 
+@pytest.mark.slow  # ~45 s of two fp16 runs on CPU (fallback, then resume); make test keeps the other faults
 def test_fp16_at_the_minimum_loss_scale_falls_back_to_bf16_and_resumes_in_bf16(multi30k_small_bin, fault_shim,
                                                                               reference, tmp_path):
     """fp16 on CPU (fairseq needs --fp16-no-flatten-grads there, and a first overflow that is already at the
