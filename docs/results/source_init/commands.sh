@@ -16,6 +16,8 @@ Usage: docs/results/source_init/commands.sh LANE [--runs DIR] [--raw-dir DIR]
               depth   lr 2e-3, warm-up 100, seed 1: 6L-6L source init; 50L-50L source init, paper init,
                       Pre-LN, Post-LN at 1,500 updates
               prepare only prepare and binarise Multi30k
+              tables  copy RUNS/source_init/results.jsonl here and write the report and the seeds table
+                      (seeds.md/.csv: seed 1 from docs/results/multi30k_table, whose records predate settings)
   --runs DIR  run folders, prepared data and results.jsonl (default: /work/runs)
   --raw-dir   raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
 USAGE
@@ -28,12 +30,23 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --raw-dir) raw=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    seeds|depth|prepare) lane=$1; shift ;;
+    seeds|depth|prepare|tables) lane=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$lane" ] || { usage >&2; exit 2; }
 config=$root/configs/iwslt14_de_en.yaml
+here=$root/docs/results/source_init
+if [ "$lane" = tables ]; then
+  [ -f "$runs/source_init/results.jsonl" ] || { echo "commands.sh: no records at $runs/source_init/results.jsonl" >&2; exit 1; }
+  cp "$runs/source_init/results.jsonl" "$here/results.jsonl"
+  "$root/scripts/report" "$here/results.jsonl" --out-dir "$here"
+  # seed 1 is the small Table 1 (docs/setups.md): lr 2e-3, warm-up 100, the launcher's seed 1
+  "${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.seeds_table "$root/docs/results/multi30k_table/results.jsonl" \
+    "$root/docs/results/multi30k_table/results_source_init.jsonl" "$here/results.jsonl" --out "$here" \
+    --unrecorded seed=1,lr=0.002,warmup_updates=100
+  exit 0
+fi
 work=$runs/work/multi30k_de_en
 data=(data.layout=plain "data.train=[train]" "data.valid=[valid]" "data.test=[test2016]"
       "paths.work=$work" "paths.results=$runs/source_init/results.jsonl")

@@ -1,0 +1,123 @@
+"""BLEU and valid loss over seeds: one row per method, depth and update count, with the mean and the spread.
+
+    python -m deepnet_experiments.seeds_table RESULTS.jsonl [...] --out DIR [--unrecorded seed=1,lr=0.002,warmup_updates=100]
+
+Reads the launcher's records (``paths.results``): each evaluation is joined to the training record of the same
+run folder and update count (its valid loss); its seed, lr and warm-up are the record's ``settings.train``, and
+only runs with the same lr and warm-up share a row. Records written before records carried their settings are
+refused unless ``--unrecorded`` gives the settings they were trained with; the table marks those seeds with ``*``.
+Writes ``seeds.md`` and ``seeds.csv`` into DIR.
+"""
+
+import argparse
+import csv
+import io
+import statistics
+import sys
+from pathlib import Path
+
+from deepnet_setups import report
+
+# the name evaluation records gave the source init before records carried ``deepnorm_init``
+LEGACY_METHODS = {"deepnet_source_init": "deepnet_source"}
+SETTINGS = ("seed", "lr", "warmup_updates")  # settings.train keys a row needs
+FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "seeds", "bleu_mean", "bleu_min", "bleu_max", "bleu_stdev", "valid_loss_mean",
+          "per_seed"]
+
+
+def runs(records, unrecorded=None):
+    """[{method, depth, updates, seed, lr, warmup_updates, recorded, bleu, valid_loss, run_dir}] for every
+    bilingual evaluation; raises ValueError naming a record without settings when ``unrecorded`` is None."""
+    valid_loss = {(r["run_dir"], r.get("updates")): r.get("valid_loss") for r in records if r.get("kind") == "train"}
+    out = []
+    for r in records:
+        if r.get("kind") != "eval" or r.get("bleu") is None or r.get("encoder_layers") is None:
+            continue
+        train = (r.get("settings") or {}).get("train")
+        if train is None and unrecorded is None:
+            raise ValueError(f"the evaluation of {r['run_dir']} records no settings (seed, lr, warm-up): pass "
+                             "--unrecorded with the ones it was trained with")
+        name = report.model_name(r)
+        out.append({"method": LEGACY_METHODS.get(name, name), "depth": report.depth(r), "updates": r["max_update"],
+                    **{key: (unrecorded if train is None else train)[key] for key in SETTINGS},
+                    "recorded": train is not None, "bleu": r["bleu"],
+                    "valid_loss": valid_loss.get((r["run_dir"], r["max_update"])), "run_dir": r["run_dir"]})
+    return out
+
+
+def table(rows):
+    """One summary per (method, depth, updates, lr, warm-up); the latest evaluation of a seed wins."""
+    latest = {}
+    for row in rows:
+        latest[(row["method"], row["depth"], row["updates"], row["lr"], row["warmup_updates"], row["seed"])] = row
+    groups = {}
+    for key, row in latest.items():
+        groups.setdefault(key[:-1], []).append(row)
+    out = []
+    for (method, depth, updates, lr, warmup), group in sorted(groups.items(), key=lambda kv: (
+            kv[0][3], kv[0][4], kv[0][1], kv[0][2], report.ARCH_ORDER.get(kv[0][0], 99))):
+        group.sort(key=lambda row: row["seed"])
+        bleu = [row["bleu"] for row in group]
+        losses = [row["valid_loss"] for row in group if row["valid_loss"] is not None]
+        out.append({"method": method, "depth": depth, "updates": updates, "lr": lr, "warmup_updates": warmup,
+                    "seeds": len(group),
+                    "bleu_mean": round(statistics.mean(bleu), 2), "bleu_min": min(bleu), "bleu_max": max(bleu),
+                    "bleu_stdev": round(statistics.stdev(bleu), 2) if len(bleu) > 1 else None,
+                    "valid_loss_mean": round(statistics.mean(losses), 3) if losses else None,
+                    "per_seed": " ".join(f"{row['seed']}{'' if row['recorded'] else '*'}:{row['bleu']}"
+                                         for row in group)})
+    return out
+
+
+def markdown(summary):
+    header = ["method", "depth", "updates", "lr", "warm-up", "seeds", "BLEU mean", "min-max", "stdev", "valid loss (mean)",
+              "BLEU by seed"]
+    rows = [[report.ARCH_NAMES.get(s["method"], s["method"]), s["depth"], str(s["updates"]), f"{s['lr']:g}",
+             str(s["warmup_updates"]), str(s["seeds"]),
+             f"{s['bleu_mean']:.2f}", f"{s['bleu_min']:.2f}-{s['bleu_max']:.2f}",
+             "" if s["bleu_stdev"] is None else f"{s['bleu_stdev']:.2f}",
+             "" if s["valid_loss_mean"] is None else f"{s['valid_loss_mean']:.3f}", s["per_seed"]] for s in summary]
+    return report.markdown(header, rows)
+
+
+def unrecorded_settings(text):
+    """'seed=1,lr=0.002,warmup_updates=100' -> {"seed": 1, "lr": 0.002, "warmup_updates": 100}."""
+    try:
+        pairs = dict(item.split("=", 1) for item in text.split(","))
+        settings = {"seed": int(pairs.pop("seed")), "lr": float(pairs.pop("lr")),
+                    "warmup_updates": int(pairs.pop("warmup_updates"))}
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"want seed=S,lr=LR,warmup_updates=W, got {text!r}") from None
+    if pairs:
+        raise argparse.ArgumentTypeError(f"unknown keys {sorted(pairs)} (want seed, lr, warmup_updates)")
+    return settings
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("records", nargs="+", help="results.jsonl files (the launcher's paths.results)")
+    parser.add_argument("--out", required=True, help="folder for seeds.md and seeds.csv")
+    parser.add_argument("--unrecorded", type=unrecorded_settings, default=None, metavar="seed=S,lr=LR,warmup_updates=W",
+                        help="the settings of records that carry none (written before records had settings)")
+    args = parser.parse_args(argv)
+    try:
+        summary = table(runs(report.read_records(args.records), args.unrecorded))
+    except (OSError, ValueError) as err:
+        print(f"seeds_table: {err}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    note = "\n\n`*`: a run whose record carries no settings (seed, lr, warm-up from `--unrecorded`).\n" if any(
+        "*" in s["per_seed"] for s in summary) else "\n"
+    report.write_atomic(out / "seeds.md", markdown(summary) + note)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=FIELDS)
+    writer.writeheader()
+    writer.writerows(summary)
+    report.write_atomic(out / "seeds.csv", text.getvalue())
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
