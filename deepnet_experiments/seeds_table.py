@@ -6,7 +6,9 @@ Reads the launcher's records (``paths.results``): each evaluation is joined to t
 run folder and update count (its valid loss); its seed, lr and warm-up are the record's ``settings.train``, and
 only runs with the same lr and warm-up share a row. Records written before records carried their settings are
 refused unless ``--unrecorded`` gives the settings they were trained with; the table marks those seeds with ``*``.
-Writes ``seeds.md`` and ``seeds.csv`` into DIR.
+Writes ``seeds.md`` and ``seeds.csv`` into DIR, and for each schedule and update count evaluated at two depths or
+more, ``depth_<lr>_<warm-up>_<updates>.png``: BLEU and valid loss against depth per method (DeepNet Fig. 6's
+shape), the mean over seeds with the min-max range.
 """
 
 import argparse
@@ -93,6 +95,51 @@ def unrecorded_settings(text):
     return settings
 
 
+def depth_plots(summary, out):
+    """One plot per (lr, warm-up, updates) with 2+ depths; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for s in summary:
+        groups.setdefault((s["lr"], s["warmup_updates"], s["updates"]), []).append(s)
+    written = []
+    for (lr, warmup, updates), rows in sorted(groups.items()):
+        if len({s["depth"] for s in rows}) < 2:
+            continue
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+        for method in sorted({s["method"] for s in rows}, key=lambda m: report.ARCH_ORDER.get(m, 99)):
+            points = sorted((int(s["depth"].split("L-")[0]), s) for s in rows if s["method"] == method)
+            layers = [n for n, _ in points]
+            means = [s["bleu_mean"] for _, s in points]
+            spread = [[m - s["bleu_min"] for m, (_, s) in zip(means, points)],
+                      [s["bleu_max"] - m for m, (_, s) in zip(means, points)]]
+            label = report.ARCH_NAMES.get(method, method)
+            left.errorbar(layers, means, yerr=spread, marker="o", capsize=3, label=label)
+            losses = [(n, s["valid_loss_mean"]) for n, s in points if s["valid_loss_mean"] is not None]
+            right.plot([n for n, _ in losses], [v for _, v in losses], marker="o", label=label)
+        title = f"lr {lr:g}, warm-up {warmup}, {updates} updates"
+        left.set(xlabel="encoder = decoder layers", ylabel="test BLEU (mean, min-max over seeds)", title=title)
+        right.set(xlabel="encoder = decoder layers", ylabel="valid loss (bits, mean)", title=title)
+        depths = sorted({int(s["depth"].split("L-")[0]) for s in rows})
+        for ax in (left, right):
+            ax.set_xscale("log")
+            ax.set_xticks(depths, [str(n) for n in depths])
+            ax.minorticks_off()
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"depth_{lr:g}_{warmup}_{updates}.png"
+        tmp = path.with_name(f".{path.name}.tmp.png")
+        fig.savefig(tmp, dpi=120)
+        plt.close(fig)
+        tmp.rename(path)
+        written.append(path)
+    return written
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("records", nargs="+", help="results.jsonl files (the launcher's paths.results)")
@@ -116,6 +163,8 @@ def main(argv=None):
     writer.writerows(summary)
     report.write_atomic(out / "seeds.csv", text.getvalue())
     print(markdown(summary))
+    for path in depth_plots(summary, out):
+        print(f"[seeds_table] {path}")
     return 0
 
 

@@ -9,9 +9,10 @@ import pytest
 from deepnet_experiments import seeds_table
 
 
-def record(kind, arch, seed, updates, value, lr=0.002, warmup=100, init="paper", settings=True):
-    r = {"kind": kind, "arch": arch, "deepnorm_init": init if arch == "deepnet" else None, "encoder_layers": 18,
-         "decoder_layers": 18, "run_dir": f"runs/{arch}_{init}/seed{seed}_{lr}_{warmup}", "setup": "iwslt14_de_en"}
+def record(kind, arch, seed, updates, value, lr=0.002, warmup=100, init="paper", settings=True, layers=18):
+    r = {"kind": kind, "arch": arch, "deepnorm_init": init if arch == "deepnet" else None, "encoder_layers": layers,
+         "decoder_layers": layers, "run_dir": f"runs/{arch}_{init}/seed{seed}_{lr}_{warmup}/{layers}L",
+         "setup": "iwslt14_de_en"}
     if settings:
         r["settings"] = {"train": {"seed": seed, "lr": lr, "warmup_updates": warmup}}
     if kind == "eval":
@@ -39,6 +40,17 @@ def test_mean_spread_and_valid_loss_over_seeds(tmp_path, capsys):
     assert rows[("preln", "0.002")]["bleu_mean"] == "22.0" and rows[("preln", "0.0005")]["bleu_mean"] == "23.0"
     assert "| DeepNet, source init | 18L-18L | 1500 | 0.002 | 100 | 2 | 30.50 | 30.00-31.00 | 0.71 | 4.900 |" in \
         (tmp_path / "out/seeds.md").read_text()
+    assert not list((tmp_path / "out").glob("*.png"))  # one depth only: no depth plot
+
+
+def test_a_depth_plot_for_each_schedule_with_two_depths(tmp_path, capsys):
+    records = [record("eval", arch, 1, 1500, bleu, layers=n) for arch, n, bleu in
+               (("preln", 6, 27.0), ("preln", 18, 23.0), ("deepnet", 6, 24.0), ("deepnet", 18, 5.7))]
+    records.append(record("eval", "preln", 1, 1500, 20.0, lr=5e-4, warmup=4000))
+    assert seeds_table.main([write(tmp_path / "r.jsonl", records), "--out", str(tmp_path / "out")]) == 0
+    (plot,) = (tmp_path / "out").glob("*.png")
+    assert plot.name == "depth_0.002_100_1500.png" and plot.read_bytes()[:4] == b"\x89PNG"
+    assert f"[seeds_table] {plot}" in capsys.readouterr().out
 
 
 def test_records_without_settings_need_them_given_and_are_marked(tmp_path, capsys):
