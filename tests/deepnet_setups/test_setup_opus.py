@@ -15,7 +15,8 @@ from deepnet_setups.evaluate import bleu
 
 # The whole OPUS-100 pipeline (SentencePiece, 4 directions, 6 evaluated and 2 pivoted, both engines): ~5 min of a
 # make test worker. make test keeps the multilingual contracts that are cheaper to build: tags, mismatch refusal and
-# CTranslate2 = fairseq-generate zero-shot (tests/deepnet_fairseq/test_deploy.py), the study's folders and table.
+# CTranslate2 = fairseq-generate zero-shot (tests/deepnet_fairseq/test_deploy.py), the study's folders and table,
+# the evaluation's printed table (test_langid.py) and scripts/report's cell with the pivot (test_report.py).
 pytestmark = pytest.mark.slow
 
 

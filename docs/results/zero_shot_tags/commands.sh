@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The runs behind docs/results/zero_shot_tags/ (issue 33): English-centric de/en/fr Multi30k with the de-en and
+# en-fr pairs from disjoint halves of the captions, 6L-6L, Pre-LN / DeepNet paper init / source init, through
+# python -m deepnet_experiments.zero_shot_study (the shipped OPUS-100 scripts). Every run has its own folder and an
+# evaluated_at_<S> marker, so rerunning a phase continues it.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [--remedies R] [--runs DIR] [--dry-run]
+
+  PHASE     screen            each language-tag strategy (s-enc-t-dec, t-enc, t-enc-t-dec), seed 1, 1,500 updates
+            remedy STRATEGY   that strategy with and without the residual drop, seeds 1-3, 1,500 updates
+            long STRATEGY     the best two of those (--archs, --remedies) continued to 3,000 updates
+  --archs   of deepnet_source, preln, deepnet (default: all three, in this order)
+  --remedies of none, residual_drop (default: both; the screen uses none)
+  --runs    run folders, prepared data and results.jsonl (default: /work/runs)
+  --dry-run print the commands only
+Tables, plot and a copy of the records go to docs/results/zero_shot_tags/<phase>/.
+USAGE
+}
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+runs=/work/runs phase="" strategy="" dry=() archs=deepnet_source,preln,deepnet remedies=none,residual_drop
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --dry-run) dry=(--dry-run); shift ;;
+    --archs) archs=$2; shift 2 ;;
+    --remedies) remedies=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    screen|remedy|long) phase=$1; shift ;;
+    s-enc-t-dec|t-enc|t-enc-t-dec) strategy=$1; shift ;;
+    *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$phase" ] || { usage >&2; exit 2; }
+[ "$phase" = screen ] || [ -n "$strategy" ] || { echo "commands.sh: $phase needs the strategy the screen chose" >&2; exit 2; }
+study=("${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.zero_shot_study --train-pairs disjoint
+       --archs "$archs" --work "$runs/work/zero_shot_disjoint" --runs "$runs/zero_shot_tags"
+       "${dry[@]}")
+case "$phase" in
+  screen) "${study[@]}" --lang-tags s-enc-t-dec,t-enc,t-enc-t-dec --seeds 1 --stages 1500 --out "$here/screen" ;;
+  remedy) "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds 1,2,3 --stages 1500 \
+            --out "$here/remedy" ;;
+  long)   "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds 1,2,3 --stages 1500,3000 \
+            --out "$here/long" ;;
+esac
