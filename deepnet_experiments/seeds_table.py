@@ -23,8 +23,8 @@ from deepnet_setups import report
 # the name evaluation records gave the source init before records carried ``deepnorm_init``
 LEGACY_METHODS = {"deepnet_source_init": "deepnet_source"}
 SETTINGS = ("seed", "lr", "warmup_updates")  # settings.train keys a row needs
-FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "seeds", "bleu_mean", "bleu_min", "bleu_max", "bleu_stdev", "valid_loss_mean",
-          "per_seed"]
+FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "seeds", "bleu_mean", "bleu_min", "bleu_max",
+          "bleu_stdev", "valid_loss_mean", "per_seed"]
 
 
 def runs(records, unrecorded=None):
@@ -33,8 +33,8 @@ def runs(records, unrecorded=None):
     valid_loss = {(r["run_dir"], r.get("updates")): r.get("valid_loss") for r in records if r.get("kind") == "train"}
     out = []
     for r in records:
-        if r.get("kind") != "eval" or r.get("bleu") is None or r.get("encoder_layers") is None:
-            continue
+        if r.get("kind") != "eval" or r.get("bleu") is None or r.get("encoder_layers") is None or "directions" in r:
+            continue  # a multilingual evaluation's BLEU is a mean over directions: the zero-shot study's tables
         train = (r.get("settings") or {}).get("train")
         if train is None and unrecorded is None:
             raise ValueError(f"the evaluation of {r['run_dir']} records no settings (seed, lr, warm-up): pass "
@@ -72,8 +72,8 @@ def table(rows):
 
 
 def markdown(summary):
-    header = ["method", "depth", "updates", "lr", "warm-up", "seeds", "BLEU mean", "min-max", "stdev", "valid loss (mean)",
-              "BLEU by seed"]
+    header = ["method", "depth", "updates", "lr", "warm-up", "seeds", "BLEU mean", "min-max", "stdev",
+              "valid loss (mean)", "BLEU by seed"]
     rows = [[report.ARCH_NAMES.get(s["method"], s["method"]), s["depth"], str(s["updates"]), f"{s['lr']:g}",
              str(s["warmup_updates"]), str(s["seeds"]),
              f"{s['bleu_mean']:.2f}", f"{s['bleu_min']:.2f}-{s['bleu_max']:.2f}",
