@@ -161,14 +161,14 @@ def iwslt_work(tmp_path_factory, iwslt_raw):
 # The modules that take longest, started first so that no worker starts one at the end. Ordered by the CPU time
 # each took alone (user+sys, `pytest -p no:xdist`, its subprocesses included; 2026-12-01, in seconds): faults 64,
 # diagnostics 58, compile_layers 57, two_nodes 49 and setup_pipelines 44 (with the iwslt_work fixture both use),
-# setup_opus 47, deploy 46, cli 39 and checkpoints 34 (with deepnet_run), reliability_checkpoints 38,
-# source_init 33, reliability_resume 31, stability_map 28, optim 24, reliability_bad_input 24, baselines_dlcl 23,
-# demo 22, setup_wmt 22, reliability_entry_points 22; the others under 13. Modules that share a session
-# fixture are apart, so that one worker does not wait on another's build.
+# deploy 46, cli 39 and checkpoints 34 (with deepnet_run), reliability_checkpoints 38, source_init 33,
+# reliability_resume 31, stability_map 28, optim 24, reliability_bad_input 24, baselines_dlcl 23, demo 22,
+# reliability_entry_points 22; the others under 13 (setup_opus and setup_wmt are make test-slow's since). Modules
+# that share a session fixture are apart, so that one worker does not wait on another's build.
 LONGEST_FIRST = ("test_setup_pipelines", "test_reliability_faults", "test_diagnostics", "test_compile_layers",
-                 "test_setup_opus", "test_cli", "test_two_nodes", "test_deploy", "test_reliability_checkpoints",
-                 "test_source_init", "test_checkpoints", "test_reliability_resume", "test_stability_map", "test_optim",
-                 "test_reliability_bad_input", "test_baselines_dlcl_residual", "test_demo", "test_setup_wmt",
+                 "test_cli", "test_two_nodes", "test_deploy", "test_reliability_checkpoints", "test_source_init",
+                 "test_checkpoints", "test_reliability_resume", "test_stability_map", "test_optim",
+                 "test_reliability_bad_input", "test_baselines_dlcl_residual", "test_demo",
                  "test_reliability_entry_points")
 
 
