@@ -57,7 +57,7 @@ def table(rows):
         groups.setdefault(key[:-1], []).append(row)
     out = []
     for (method, depth, updates, lr, warmup), group in sorted(groups.items(), key=lambda kv: (
-            kv[0][3], kv[0][4], kv[0][1], kv[0][2], report.ARCH_ORDER.get(kv[0][0], 99))):
+            kv[0][3], kv[0][4], int(kv[0][1].split("L")[0]), kv[0][2], report.ARCH_ORDER.get(kv[0][0], 99))):
         group.sort(key=lambda row: row["seed"])
         bleu = [row["bleu"] for row in group]
         losses = [row["valid_loss"] for row in group if row["valid_loss"] is not None]
