@@ -327,7 +327,7 @@ def main(argv=None):
                             folder = runs / f"seed{seed}" / "opus100" / name / f"{depth.replace(',', 'L-')}L"
                             args = [*common, f"train.seed={seed}", *variant_args, *opts.overrides,
                                     f"train.max_update={stage}", "--run-dir", folder]
-                            if runner.stage_done(folder, stage):
+                            if runner.stage_done(folder, stage, results):
                                 print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)
                                 continue
                             run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, "--cpu",

@@ -102,8 +102,16 @@ def stage_marker(run_dir, stage):
     return Path(run_dir) / "eval" / f"evaluated_at_{stage}"
 
 
-def stage_done(run_dir, stage):
-    return stage_marker(run_dir, stage).exists()
+def stage_done(run_dir, stage, records=None):
+    """Whether ``run_dir`` was trained and evaluated to ``stage`` updates: its marker, or else an eval record
+    of it at that stage in the results file ``records`` (a committed copy outlives the run folder)."""
+    if stage_marker(run_dir, stage).exists():
+        return True
+    if records is None or not Path(records).exists():
+        return False
+    with open(records, encoding="utf-8") as handle:
+        return any(r.get("kind") == "eval" and r.get("run_dir") == str(run_dir) and r.get("updates") == int(stage)
+                   for r in map(json.loads, filter(str.strip, handle)))
 
 
 def mark_stage(run_dir, stage):

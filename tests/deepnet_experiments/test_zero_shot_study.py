@@ -2,6 +2,7 @@
 the shared Multi30k, its commands, and its summary over seeds from evaluation records."""
 
 import csv
+import json
 import math
 
 import pytest
@@ -85,6 +86,21 @@ def test_a_stage_marked_done_is_skipped(tmp_path, capsys):
                        "--work", str(tmp_path / "w"), "--runs", str(runs)]) == 0
     out = capsys.readouterr().out
     assert "6L-6L: stage 100 done" in out
+    trains = [line for line in out.splitlines() if "train_opus100.sh" in line]
+    assert len(trains) == 1 and "train.max_update=200" in trains[0]
+
+
+def test_a_stage_recorded_without_its_folder_is_skipped(tmp_path, capsys):
+    # a new machine: the run folders are gone, the records (copied from the committed ones) remain
+    runs = tmp_path / "r"
+    runs.mkdir()
+    folder = runs / "seed1" / "opus100" / "deepnet" / "6L-6L"
+    (runs / "results.jsonl").write_text(json.dumps({"kind": "train", "run_dir": str(folder), "updates": 200}) + "\n"
+                                        + json.dumps({"kind": "eval", "run_dir": str(folder), "updates": 100}) + "\n")
+    assert study.main(["--dry-run", "--archs", "deepnet", "--seeds", "1", "--stages", "100,200",
+                       "--work", str(tmp_path / "w"), "--runs", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "6L-6L: stage 100 done" in out and "stage 200 done" not in out
     trains = [line for line in out.splitlines() if "train_opus100.sh" in line]
     assert len(trains) == 1 and "train.max_update=200" in trains[0]
 

@@ -2,8 +2,9 @@
 # The runs behind docs/results/source_init/ (issue 34): the small Table 1's 18L-18L seeds, the paper's
 # protocol with the source init, and depth (6L/18L/50L) at the short schedule, through the shipped
 # scripts/train_iwslt.sh and scripts/evaluate.sh, each run in an explicit folder
-# RUNS/<study>/<variant>/seed<k>/<N>L-<M>L. Every step skips finished work (an evaluated_at_<S> marker),
-# and a stopped run resumes from its checkpoint_last.pt, so rerunning a lane continues it.
+# RUNS/<study>/<variant>/seed<k>/<N>L-<M>L. Every step skips finished work (an evaluated_at_<S> marker
+# or an eval record in RUNS/source_init/results.jsonl, which starts as a copy of the committed one), and a
+# stopped run resumes from its checkpoint_last.pt, so rerunning a lane continues it, on a new machine too.
 set -euo pipefail
 
 usage() {
@@ -42,7 +43,7 @@ if [ "$lane" = tables ]; then
   cp "$runs/source_init/results.jsonl" "$here/results.jsonl"
   "$root/scripts/report" "$here/results.jsonl" --out-dir "$here"
   # seed 1 is the small Table 1 (docs/setups.md): lr 2e-3, warm-up 100, the launcher's seed 1
-  "${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.seeds_table "$root/docs/results/multi30k_table/results.jsonl" \
+  "$py" -m deepnet_experiments.seeds_table "$root/docs/results/multi30k_table/results.jsonl" \
     "$root/docs/results/multi30k_table/results_source_init.jsonl" "$here/results.jsonl" --out "$here" \
     --unrecorded seed=1,lr=0.002,warmup_updates=100
   exit 0
@@ -55,6 +56,10 @@ model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4 train.dropout=0.1 trai
        train.batch_tokens=2000 train.save_interval_updates=100 eval.average_last=5 eval.max_len_a=1.2 eval.max_len_b=10)
 short=(train.lr=2e-3 train.warmup_updates=100)
 say() { echo "[source_init $(date -u +%FT%TZ)] $*"; }
+py=${PYTHON:-$root/.venv/bin/python}
+records=$runs/source_init/results.jsonl
+# On a machine without the run folders, the committed records say what already ran (stage() skips it).
+if [ ! -f "$records" ] && [ -f "$here/results.jsonl" ]; then mkdir -p "$(dirname "$records")" && cp "$here/results.jsonl" "$records"; fi
 
 if [ ! -e "$work/bin/.done" ]; then
   [ -f "$raw/train.de" ] || { echo "commands.sh: no raw Multi30k at $raw (--raw-dir)" >&2; exit 1; }
@@ -72,7 +77,8 @@ stage() {
     source) arch=deepnet; extra=("train.extra_args=[--deepnorm-init,source]") ;;
   esac
   local dir=$runs/$study/$variant/seed$seed/${layers/,/L-}L
-  if [ -e "$dir/eval/evaluated_at_$updates" ]; then say "$dir: $updates updates already trained and evaluated"; return; fi
+  if "$py" -c 'import sys; from deepnet_setups import runner; sys.exit(not runner.stage_done(*sys.argv[1:]))' \
+       "$dir" "$updates" "$records"; then say "$dir: $updates updates already trained and evaluated"; return; fi
   say "$dir: train to $updates updates, then evaluate"
   local all=("${data[@]}" "${model[@]}" "$@" "${extra[@]}" "train.seed=$seed" "train.max_update=$updates")
   "$root/scripts/train_iwslt.sh" --arch "$arch" --layers "$layers" --cpu --run-dir "$dir" "${all[@]}"

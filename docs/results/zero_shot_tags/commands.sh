@@ -2,7 +2,8 @@
 # The runs behind docs/results/zero_shot_tags/ (issue 33): English-centric de/en/fr Multi30k with the de-en and
 # en-fr pairs from disjoint halves of the captions, 6L-6L, Pre-LN / DeepNet paper init / source init, through
 # python -m deepnet_experiments.zero_shot_study (the shipped OPUS-100 scripts). Every run has its own folder and an
-# evaluated_at_<S> marker, so rerunning a phase continues it.
+# evaluated_at_<S> marker (or an eval record in the records, which start as the committed copy), so rerunning a
+# phase continues it, on a new machine too.
 set -euo pipefail
 
 usage() {
@@ -40,6 +41,12 @@ done
 study=("${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.zero_shot_study --train-pairs disjoint
        --archs "$archs" --work "$runs/work/zero_shot_disjoint" --runs "$runs/zero_shot_tags"
        "${dry[@]}")
+# On a machine without the run folders, the committed records (the latest phase's copy) say what already ran.
+records=$runs/zero_shot_tags/results.jsonl
+if [ ! -f "$records" ]; then
+  committed=$(ls -t "$here"/{screen,remedy,long}/results.jsonl 2>/dev/null | head -1 || true)
+  if [ -n "$committed" ]; then mkdir -p "$(dirname "$records")" && cp "$committed" "$records"; fi
+fi
 case "$phase" in
   screen) "${study[@]}" --lang-tags s-enc-t-dec,t-enc,t-enc-t-dec --seeds 1 --stages 1500 --out "$here/screen" ;;
   remedy) "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds 1,2,3 --stages 1500 \
