@@ -10,8 +10,8 @@ export MKL_NUM_THREADS ?= 1
 
 help:
 	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet at equal depth on an embedded task"
-	@echo "make test   - set up, then run the test suite (without the tests marked slow)"
-	@echo "make test-slow - only the tests marked slow (the OPUS-100 and WMT-17 pipelines, a killed multilingual run resumed exactly, two-process faults, figures.sh --tiny, ...; CI runs them after make test)"
+	@echo "make test   - set up, then run the test suite without the tests marked slow (about 4 minutes on 2 cores)"
+	@echo "make test-slow - only the tests marked slow: multi-process, fault-injection, inductor and full-pipeline runs (OPUS-100, WMT-17, two nodes, kill -9, the demo, ...); CI runs them after make test"
 	@echo "make test-all - both"
 	@echo "make install - set up $(VENV) only (idempotent)"
 

@@ -158,18 +158,17 @@ def iwslt_work(tmp_path_factory, iwslt_raw):
     return built_once(tmp_path_factory, "iwslt_work", build)
 
 
-# The modules that take longest, started first so that no worker starts one at the end. Ordered by the CPU time
-# each took alone (user+sys, `pytest -p no:xdist`, its subprocesses included; 2026-12-01, in seconds): faults 64,
-# diagnostics 58, compile_layers 57, two_nodes 49 and setup_pipelines 44 (with the iwslt_work fixture both use),
-# deploy 46, cli 39 and checkpoints 34 (with deepnet_run), reliability_checkpoints 38, source_init 33,
-# reliability_resume 31, stability_map 28, optim 24, reliability_bad_input 24, baselines_dlcl 23, demo 22,
-# reliability_entry_points 22; the others under 13 (setup_opus and setup_wmt are make test-slow's since). Modules
-# that share a session fixture are apart, so that one worker does not wait on another's build.
-LONGEST_FIRST = ("test_setup_pipelines", "test_reliability_faults", "test_diagnostics", "test_compile_layers",
-                 "test_cli", "test_two_nodes", "test_deploy", "test_reliability_checkpoints", "test_source_init",
-                 "test_checkpoints", "test_reliability_resume", "test_stability_map", "test_optim",
-                 "test_reliability_bad_input", "test_baselines_dlcl_residual", "test_demo",
-                 "test_reliability_entry_points")
+# The modules that take longest, started first so that no worker starts one at the end: make test's, by their
+# tests' summed durations in a quiet `make test --durations` (2026-12-03: pipelines ~130 s with the iwslt_work
+# fixture, deploy ~110, cli with deepnet_run ~70, faults ~45, diagnostics ~40, residual_drop ~37, compile_layers
+# ~33), then make test-slow's (setup_opus, setup_wmt, reliability_multilingual, two_nodes with iwslt_work,
+# reliability_checkpoints, source_init). Modules that share a session fixture are apart, so that one worker does
+# not wait on another's build.
+LONGEST_FIRST = ("test_setup_pipelines", "test_deploy", "test_cli", "test_reliability_faults", "test_diagnostics",
+                 "test_residual_drop", "test_compile_layers", "test_checkpoints", "test_setup_config",
+                 "test_reliability_resume", "test_reliability_entry_points", "test_reliability_bad_input",
+                 "test_setup_opus", "test_setup_wmt", "test_reliability_multilingual", "test_two_nodes",
+                 "test_reliability_checkpoints", "test_source_init")
 
 
 def pytest_collection_modifyitems(items):

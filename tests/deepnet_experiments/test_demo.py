@@ -4,9 +4,12 @@ import json
 import math
 import sys
 
+import pytest
+
 from conftest import ROOT, run
 
 
+@pytest.mark.slow  # three fairseq-train runs (~30 s): make test-slow (CI)
 def test_demo_prints_a_short_report_and_writes_the_summary(tmp_path):
     proc = run([sys.executable, "-m", "deepnet_experiments.demo", "--layers", "2", "--updates", "12", "--warmup", "4",
                 "--train-pairs", "200", "--out", tmp_path], cwd=ROOT)

@@ -53,7 +53,7 @@ def test_script_help_and_bad_input(tmp_path):
     assert proc.returncode != 0 and "not a binarised fairseq data dir" in proc.stderr
 
 
-@pytest.mark.slow  # about 12 s of CPU; test_plateau_runs_a_cell_with_every_hook... runs a cell end to end too
+@pytest.mark.slow  # about 12 s of CPU
 def test_one_cell_end_to_end_then_resumed(multi30k_bin, tmp_path):
     cmd = ["bash", "scripts/stability_map.sh", "--out", tmp_path / "map", "--data", multi30k_bin,
            "--methods", "deepnet", "--depths", "1", "--lrs", "1e-3", "--updates", "4", "--probe-every", "2",
@@ -87,6 +87,7 @@ def test_committed_map_backs_the_documented_counts():
         assert line in doc, line
 
 
+@pytest.mark.slow  # ~18 s: a cell of fairseq-train with every hook
 def test_plateau_runs_a_cell_with_every_hook_and_plots_what_it_shows(multi30k_bin, tmp_path):
     from deepnet_experiments import plateau
 

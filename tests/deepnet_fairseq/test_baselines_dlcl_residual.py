@@ -144,9 +144,9 @@ def test_layer_loop_methods_refuse_layerdrop(dict_dir, arch):  # noqa: F811
         build(dict_dir, arch, 2, "--encoder-layerdrop", "0.1")
 
 
-# residual_transformer goes the same CLI path as dlcl_transformer: make test-all only (a fairseq-train and a
-# fairseq-generate process, about 9 s of CPU)
-@pytest.mark.parametrize("arch", ["dlcl_transformer", pytest.param("residual_transformer", marks=pytest.mark.slow)])
+# a fairseq-train and a fairseq-generate process each (~20 s): make test-slow (CI); the layer loops are tested above
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["dlcl_transformer", "residual_transformer"])
 def test_train_and_generate_through_the_cli(multi30k_bin, tmp_path, arch):
     run([BIN / "fairseq-train", multi30k_bin, "--user-dir", USER_DIR, "--cpu", "--seed", "1",
          "--arch", f"{arch}_iwslt_de_en", "--encoder-layers", "3", "--decoder-layers", "2", *TINY_MODEL,

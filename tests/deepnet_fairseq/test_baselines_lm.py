@@ -88,6 +88,7 @@ def test_encoder_only_constants_init_and_residual(dict_dir):
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+@pytest.mark.slow  # ~22 s of fairseq-train; make test keeps the constants and residual tests
 def test_deepnet_lm_trains_with_fairseq_language_modeling(tmp_path, multi30k):
     text = (multi30k / "train.en").read_text(encoding="utf-8").splitlines()
     for split, lines in (("train", text[:600]), ("valid", text[600:650])):

@@ -225,6 +225,7 @@ def test_checkpoint_activations_with_compile_equals_eager(dict_dir, backend, dyn
     assert dynamo_counters["stats"]["unique_graphs"] <= 8 and not dynamo_counters["graph_break"]
 
 
+@pytest.mark.slow  # inductor compiles for ~100 s on CPU; make test keeps the graph and equality tests
 def test_inductor_training_steps_match_eager(tmp_path, scalar_inductor, dynamo_counters):
     """Real fairseq Trainer steps with inductor-generated code (1L-1L, fp32, dropout off): the same
     losses and the same parameters after 3 Adam updates. (Activation checkpointing with compiled
@@ -250,6 +251,7 @@ def test_inductor_training_steps_match_eager(tmp_path, scalar_inductor, dynamo_c
     assert ((params - reference).norm() / reference.norm()).item() < 1e-4
 
 
+@pytest.mark.slow  # ~50 s of inductor compiling
 def test_compiled_dropout_masks_repeat_under_no_grad_and_grad(dict_dir, scalar_inductor, dynamo_counters):
     """Activation checkpointing runs a layer under no_grad, then recomputes it with grad after
     restoring the RNG state: inductor's two graphs must draw the same dropout masks."""

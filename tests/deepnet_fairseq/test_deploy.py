@@ -285,6 +285,7 @@ def test_ctranslate2_model_is_exact_for_deepnet(setup, tmp_path):
     assert dict(zip(ids, outputs)) == beam_hypotheses(original, task, batch)
 
 
+@pytest.mark.slow  # evaluate.sh twice (~20 s); the engines' agreement stays in make test (the zero-shot test below)
 def test_evaluate_with_ctranslate2_gives_fairseqs_hypotheses_and_bleu(setup):
     from deepnet_setups import evaluate
 
@@ -339,6 +340,7 @@ def fairseq_generate_valid(data, checkpoint, results):
     return [fields[2] for fields in sorted(hypotheses, key=lambda fields: int(fields[0][2:]))]
 
 
+@pytest.mark.slow  # a fairseq-train run and two decodes (~16 s)
 def test_plain_fairseq_train_checkpoints_translate_with_ctranslate2_as_fairseq_generate(multi30k_small_bin, tmp_path,
                                                                                          capsys):
     """No setup: fairseq-preprocess output (conftest's 400-pair slice, whitespace tokens, joined dictionary), a

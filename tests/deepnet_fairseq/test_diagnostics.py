@@ -196,6 +196,7 @@ def train_log(data, save_dir, *extra, check=True):
     return proc, records
 
 
+@pytest.mark.slow  # four fairseq-train runs (~25 s)
 def test_hooks_leave_the_loss_unchanged_and_see_the_summed_gradient_with_update_freq(multi30k_bin, tmp_path):
     common = ["--max-update", "3", "--update-freq", "2", "--no-save", "--dropout", "0.1"]
     _, plain = train_log(multi30k_bin, tmp_path / "plain", "--criterion", "label_smoothed_cross_entropy", *common)

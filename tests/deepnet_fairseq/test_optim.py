@@ -54,6 +54,7 @@ def train(data, save_dir, optimizer):
             if "| train_inner |" in line]
 
 
+@pytest.mark.slow  # ~30 s of fairseq-train; make test keeps the bitwise test
 def test_fairseq_train_with_adam_foreach_logs_adams_losses_and_gradient_norms(multi30k_bin, tmp_path):
     ours, theirs = train(multi30k_bin, tmp_path / "a", "adam_foreach"), train(multi30k_bin, tmp_path / "b", "adam")
     assert len(ours) == len(theirs) == 8
@@ -62,6 +63,7 @@ def test_fairseq_train_with_adam_foreach_logs_adams_losses_and_gradient_norms(mu
     assert float(ours[-1]["loss"]) < float(ours[0]["loss"]) and float(ours[0]["clip"]) == 100  # clipping ran
 
 
+@pytest.mark.slow  # ~12 s; the bitwise test stays in make test
 def test_gpu_checks_optimizer_stage_runs_on_cpu_and_sees_the_same_losses(tmp_path):
     """`STAGES=optim SMOKE=1 benchmarks/gpu_check.sh`: both models take the same steps from the same weights."""
     from conftest import ROOT

@@ -24,6 +24,8 @@ from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, free_port, run
 import deepnet_fairseq  # noqa: F401  (allow-list)
 from deepnet_fairseq.training.checkpoints import allowed_global_names
 
+pytestmark = pytest.mark.slow  # its fixture is a two-process run (~45 s); make test-slow (CI) runs the module
+
 FIRST, SECOND = 4, 6  # updates before and after the resume
 
 

@@ -37,7 +37,8 @@ EXPECTED = {"truncated.pt": "truncated or not a torch checkpoint",
             "foreign.pt": "not a fairseq checkpoint (no 'model' entry; it holds keys ['w'])"}
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+# each a fairseq process (~8 s): make test keeps one, make test-slow (CI) the other; the hub test below has both
+@pytest.mark.parametrize("name", ["truncated.pt", pytest.param("foreign.pt", marks=pytest.mark.slow)])
 def test_fairseq_generate_names_a_bad_checkpoint_in_one_line(dict_only_data, bad_checkpoints, name):
     path = bad_checkpoints / name
     proc = run([BIN / "fairseq-generate", dict_only_data, "--user-dir", USER_DIR, "--path", path, "--cpu",
@@ -47,6 +48,7 @@ def test_fairseq_generate_names_a_bad_checkpoint_in_one_line(dict_only_data, bad
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a fairseq process (~10 s) on the loader fairseq-generate's test above goes through
 def test_fairseq_interactive_names_a_truncated_checkpoint(dict_only_data, bad_checkpoints):
     path = bad_checkpoints / "truncated.pt"
     proc = run([BIN / "fairseq-interactive", dict_only_data, "--user-dir", USER_DIR, "--path", path, "--cpu",
@@ -66,6 +68,7 @@ def test_hub_from_pretrained_names_a_bad_checkpoint(dict_only_data, bad_checkpoi
     assert len(str(info.value).splitlines()) == 1
 
 
+@pytest.mark.slow  # two fairseq-train runs (~25 s)
 @pytest.mark.parametrize("task", ["translation_exact_resume"])  # the multilingual task: test_reliability_multilingual.py
 def test_rerunning_a_finished_run_trains_nothing(multi30k_small_bin, tmp_path, task):
     cmd = [BIN / "fairseq-train", multi30k_small_bin, "--user-dir", USER_DIR, "--task", task, "--arch", "deepnet_transformer",

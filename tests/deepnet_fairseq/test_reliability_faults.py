@@ -217,6 +217,7 @@ def preempted_line(text):
     return lines[0]
 
 
+@pytest.mark.slow  # ~40 s of interrupted runs; make test keeps the rollback, lock and write-failure tests
 def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, fault_shim, reference, tmp_path):
     save = tmp_path / "save"
     last = save / "checkpoint_last.pt"

@@ -116,6 +116,7 @@ def model_state(path):
     return torch.load(path, map_location="cpu")["model"]
 
 
+@pytest.mark.slow  # ~50 s of killed and resumed runs; make test keeps the damaged-checkpoint tests
 def test_kill_9_between_and_during_checkpoint_writes_resumes_exactly(multi30k_small_bin, kill_shim, tmp_path):
     # the uninterrupted reference run, alongside the interrupted ones (2 cores)
     ref_proc, ref_log = launch(train_cmd(multi30k_small_bin, tmp_path / "reference", kill_shim), tmp_path / "ref.log")

@@ -11,6 +11,9 @@ import pytest
 from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
 from deepnet_experiments.synthetic import write_reverse_map_task
 
+# two 18L-18L models trained (~65 s): make test-slow (CI); make test keeps the constants and gains (test_models.py)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

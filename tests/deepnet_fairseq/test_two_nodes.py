@@ -19,6 +19,8 @@ from test_reliability_resume import losses, train_env
 
 import deepnet_fairseq  # noqa: F401  (allow-lists fairseq's checkpoint classes)
 
+pytestmark = pytest.mark.slow  # three two-process runs, ~75 s; make test-slow (CI) runs them
+
 UPDATES = 6
 TINY = ["model.embed_dim=32", "model.ffn_dim=64", "model.heads=2", "model.share_all_embeddings=true",
         "model.share_decoder_input_output_embed=false", "train.dropout=0.0", f"train.max_update={UPDATES}",

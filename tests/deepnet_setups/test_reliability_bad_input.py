@@ -101,6 +101,7 @@ def test_unknown_language_in_a_multilingual_config(capsys, tmp_path, raw):
     assert not (tmp_path / "work").exists()
 
 
+@pytest.mark.slow  # ~30 s of preparing and binarising; make test keeps the bad-text and config tests
 def test_disk_full_during_binarisation_leaves_nothing_finished(capsys, tmp_path, raw):
     work = tmp_path / "work"
     code, err = prepare_text(capsys, work, raw)
@@ -123,10 +124,12 @@ def test_disk_full_during_binarisation_leaves_nothing_finished(capsys, tmp_path,
     assert str(work / "bin.tmp") in lines[0]  # names the folder being written
 
 
+# each a fairseq-train process (~7 s): make test keeps the plugin's own check, make test-slow (CI) all three
 @pytest.mark.parametrize("options,named", [
-    (["--encoder-layers", "0"], "--encoder-layers must be a positive integer, got 0"),
+    pytest.param(["--encoder-layers", "0"], "--encoder-layers must be a positive integer, got 0", marks=pytest.mark.slow),
     (["--deepnorm-encoder-alpha", "-1"], "--deepnorm-encoder-alpha must be a finite number > 0, got -1.0"),
-    (["--arch", "deepnet_transformr"], "argument --arch/-a: invalid choice: 'deepnet_transformr'"),
+    pytest.param(["--arch", "deepnet_transformr"], "argument --arch/-a: invalid choice: 'deepnet_transformr'",
+                 marks=pytest.mark.slow),
 ])
 def test_fairseq_train_rejects_bad_model_options(multi30k_small_bin, tmp_path, options, named):
     cmd = [BIN / "fairseq-train", multi30k_small_bin, "--user-dir", USER_DIR, "--arch", "deepnet_transformer", *TINY_MODEL,
