@@ -41,10 +41,12 @@ done
 study=("${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.zero_shot_study --train-pairs disjoint
        --archs "$archs" --work "$runs/work/zero_shot_disjoint" --runs "$runs/zero_shot_tags"
        "${dry[@]}")
-# On a machine without the run folders, the committed records (the latest phase's copy) say what already ran.
+# On a machine without the run folders, the committed records say what already ran: each phase's copy holds all
+# the records of the phases before it, so the longest is the latest.
 records=$runs/zero_shot_tags/results.jsonl
 if [ ! -f "$records" ]; then
-  committed=$(ls -t "$here"/{screen,remedy,long}/results.jsonl 2>/dev/null | head -1 || true)
+  committed=$(wc -l "$here"/{screen,remedy,long}/results.jsonl 2>/dev/null | grep -v ' total$' | sort -rn | head -1 \
+              | awk '{print $2}' || true)
   if [ -n "$committed" ]; then mkdir -p "$(dirname "$records")" && cp "$committed" "$records"; fi
 fi
 case "$phase" in
