@@ -38,9 +38,11 @@ done
 [ -n "$lane" ] || { usage >&2; exit 2; }
 config=$root/configs/iwslt14_de_en.yaml
 here=$root/docs/results/source_init
+py=${PYTHON:-$root/.venv/bin/python}
+records=$runs/source_init/results.jsonl
 if [ "$lane" = tables ]; then
-  [ -f "$runs/source_init/results.jsonl" ] || { echo "commands.sh: no records at $runs/source_init/results.jsonl" >&2; exit 1; }
-  cp "$runs/source_init/results.jsonl" "$here/results.jsonl"
+  [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
+  cp "$records" "$here/results.jsonl"
   "$root/scripts/report" "$here/results.jsonl" --out-dir "$here"
   # seed 1 is the small Table 1 (docs/setups.md): lr 2e-3, warm-up 100, the launcher's seed 1
   "$py" -m deepnet_experiments.seeds_table "$root/docs/results/multi30k_table/results.jsonl" \
@@ -56,8 +58,6 @@ model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4 train.dropout=0.1 trai
        train.batch_tokens=2000 train.save_interval_updates=100 eval.average_last=5 eval.max_len_a=1.2 eval.max_len_b=10)
 short=(train.lr=2e-3 train.warmup_updates=100)
 say() { echo "[source_init $(date -u +%FT%TZ)] $*"; }
-py=${PYTHON:-$root/.venv/bin/python}
-records=$runs/source_init/results.jsonl
 # On a machine without the run folders, the committed records say what already ran (stage() skips it).
 if [ ! -f "$records" ] && [ -f "$here/results.jsonl" ]; then mkdir -p "$(dirname "$records")" && cp "$here/results.jsonl" "$records"; fi
 
