@@ -154,6 +154,7 @@ ABLATION = "docs/figures/init_ablation.csv"
 M30K = "docs/results/multi30k/results.jsonl"
 TABLE = ("docs/results/multi30k_table/results.jsonl", "docs/results/multi30k_table/results_source_init.jsonl")
 PROTOCOL = "docs/results/paper_protocol/results.jsonl"
+SOURCE_INIT = "docs/results/source_init/results.jsonl"  # issue 34's lanes; seed 1 of 18L-18L is TABLE's
 ZERO_SHOT = "docs/results/zero_shot"
 DEPLOY = "benchmarks/results/deploy_cpu.json"
 
@@ -532,6 +533,17 @@ def test_readme_numbers_are_the_records():
     claim(f"ends at {protocol['postln', 8000]:.2f}; DeepNet ({protocol['deepnet', 8000]:.2f}) and "
           f"Pre-LN ({protocol['preln', 8000]:.2f}) end level")
     assert abs(protocol["deepnet", 8000] - protocol["preln", 8000]) < 0.5
+    from deepnet_experiments import seeds_table
+
+    records = [r for path in (*TABLE, SOURCE_INIT) for r in jsonl(path)]
+    depth = {(row["method"], row["depth"]): row for row in seeds_table.table(seeds_table.runs(
+        records, {"seed": 1, "lr": 0.002, "warmup_updates": 100})) if row["updates"] == 1500 and row["lr"] == 0.002}
+    source18, paper18 = depth["deepnet_source", "18L-18L"], depth["deepnet", "18L-18L"]
+    claim(f"the source init scores {depth['deepnet_source', '6L-6L']['bleu_mean']:.2f} at 6L-6L, "
+          f"{source18['bleu_mean']:.2f} at 18L-18L ({source18['seeds']} seeds, {source18['bleu_min']:.2f}-"
+          f"{source18['bleu_max']:.2f}) and {depth['deepnet_source', '50L-50L']['bleu_mean']:.2f} at 50L-50L")
+    claim(f"the paper init falls to {paper18['bleu_mean']:.2f} at 18L-18L ({paper18['seeds']} seeds) and "
+          f"{depth['deepnet', '50L-50L']['bleu_mean']:.2f} at 50L-50L")
     zero = {model: row["zero-shot on-target"][0] for (model, updates, _), row in zero_shot_summary().items()
             if updates == "1500"}
     claim(f"({zero['DeepNet']:.1f} % on target against Post-LN's {zero['Post-LN']:.1f} %)")
