@@ -28,6 +28,8 @@ from conftest import BIN, ROOT, USER_DIR, run
 
 from deepnet_fairseq import export
 from deepnet_fairseq import textprep as tp
+from deepnet_setups import lang_tags
+from deepnet_setups.runner import fairseq_options
 
 SCRIPTS = ROOT / "scripts"
 TEST_SENTENCES = 120
@@ -379,7 +381,8 @@ def test_plain_fairseq_train_checkpoints_translate_with_ctranslate2_as_fairseq_g
 # -- a multilingual model: CTranslate2 as fairseq-generate in a zero-shot direction ----------------------
 
 LANG_PAIRS = "de-en,en-de,en-fr,fr-en"
-TAG_STRATEGIES = {"S-ENC-T-DEC": ["--encoder-langtok", "src", "--decoder-langtok"], "T-ENC": ["--encoder-langtok", "tgt"]}
+# fairseq's options of two strategies, from their one home (deepnet_setups/lang_tags.py)
+TAG_STRATEGIES = {name.upper(): fairseq_options(lang_tags.task_options(name)) for name in ("s-enc-t-dec", "t-enc")}
 ZERO_SHOT_LEN_A, ZERO_SHOT_LEN_B = 0.3, 2  # at most 0.3 x (the batch's longest source, tag and </s> in) + 2 tokens
 
 
