@@ -9,11 +9,12 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: docs/results/source_init/commands.sh LANE [--runs DIR] [--raw-dir DIR]
+Usage: docs/results/source_init/commands.sh LANE [--updates LIST] [--runs DIR] [--raw-dir DIR]
 
   LANE        seeds   18L-18L, lr 2e-3, warm-up 100: Pre-LN / paper init / source init, seeds 2 and 3,
-                      1,500 then 3,000 updates; then the paper's protocol (peak 5e-4, 4,000 warm-up,
-                      2,000-8,000 updates) with the source init, seed 1
+                      at each of --updates (default 1500,3000)
+              protocol the paper's protocol (peak 5e-4, 4,000 warm-up, 2,000-8,000 updates) with the
+                      source init, 18L-18L, seed 1
               depth   lr 2e-3, warm-up 100, seed 1: 6L-6L source init; 50L-50L source init, paper init,
                       Pre-LN, Post-LN at 1,500 updates
               prepare only prepare and binarise Multi30k
@@ -25,13 +26,14 @@ USAGE
 }
 
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane=""
+runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane="" seed_updates=1500,3000
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --raw-dir) raw=$2; shift 2 ;;
+    --updates) seed_updates=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    seeds|depth|prepare|tables) lane=$1; shift ;;
+    seeds|protocol|depth|prepare|tables) lane=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -88,9 +90,10 @@ stage() {
 
 case "$lane" in
   seeds)
-    for updates in 1500 3000; do for seed in 2 3; do for variant in source paper preln; do
+    for updates in ${seed_updates//,/ }; do for seed in 2 3; do for variant in source paper preln; do
       stage table "$variant" "$seed" 18,18 "$updates" "${short[@]}"
-    done; done; done
+    done; done; done ;;
+  protocol)
     for updates in 2000 4000 6000 8000; do stage protocol source 1 18,18 "$updates"; done ;;
   depth)
     stage depth source 1 6,6 1500 "${short[@]}"
