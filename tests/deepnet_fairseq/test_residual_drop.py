@@ -32,13 +32,15 @@ def test_a_layer_outside_the_encoder_is_refused():
 
 
 def test_a_run_with_the_residual_drop_resumes_exactly(multi30k_small_bin, tmp_path):
-    """It adds no state: stopped at update 20 and rerun to 36, the run logs the uninterrupted run's losses."""
-    from test_reliability_resume import MAX_UPDATE, losses, train_cmd, train_env
+    """It adds no state: stopped at update 10 (a checkpoint) and rerun to 20, the run logs the uninterrupted run's
+    losses. Shorter than the resume tests' 36 updates: three fairseq-train starts are most of this test's time."""
+    from test_reliability_resume import SAVE_EVERY, losses, train_cmd, train_env
 
     from conftest import ROOT
 
+    last = 2 * SAVE_EVERY
     logs = {}
-    for name, stops in (("straight", [MAX_UPDATE]), ("resumed", [20, MAX_UPDATE])):
+    for name, stops in (("straight", [last]), ("resumed", [SAVE_EVERY, last])):
         logs[name] = ""
         for stop in stops:
             cmd = [str(c) for c in train_cmd(multi30k_small_bin, tmp_path / name, ROOT / "deepnet_fairseq")]
@@ -48,5 +50,5 @@ def test_a_run_with_the_residual_drop_resumes_exactly(multi30k_small_bin, tmp_pa
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
             logs[name] += proc.stdout + proc.stderr
     straight, resumed = losses(logs["straight"]), losses(logs["resumed"])
-    assert sorted(resumed) == sorted(straight) == list(range(1, MAX_UPDATE + 1))
+    assert sorted(resumed) == sorted(straight) == list(range(1, last + 1))
     assert resumed == straight
