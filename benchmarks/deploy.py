@@ -43,7 +43,7 @@ from deepnet_fairseq import textprep as tp  # noqa: E402
 from deepnet_fairseq.average import average_checkpoints, last_checkpoints  # noqa: E402
 from deepnet_setups.config import load  # noqa: E402
 from deepnet_setups.evaluate import (  # noqa: E402
-    bleu, fairseq_generate_batches, generate, generate_here, multilingual_test_directions)
+    bleu, check_lang_tags, fairseq_generate_batches, generate, generate_here, multilingual_test_directions)
 from deepnet_fairseq.translate import DeployedTranslator  # noqa: E402
 
 from .common import ROOT, machine, write_json  # noqa: E402
@@ -140,6 +140,11 @@ def main(argv=None):
     scratch = run_dir / "deploy_bench"
     scratch.mkdir(exist_ok=True)
     chosen = last_checkpoints(run_dir / "checkpoints", cfg["eval"]["average_last"])
+    if multilingual:  # decode with the language tags the model learnt (data.lang_tags), or stop in one line
+        try:
+            check_lang_tags(cfg, chosen[-1])
+        except ValueError as err:
+            sys.exit(f"benchmarks.deploy: {err}")
     averaged = average_checkpoints(chosen, scratch / f"averaged_last{len(chosen)}.pt")
     exported = export.to_plain_fairseq(export.read_checkpoint(averaged), str(averaged))
     export.save_atomic(exported, scratch / "transformer.pt")

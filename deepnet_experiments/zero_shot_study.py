@@ -13,8 +13,8 @@ out in OPUS-100's raw layout under WORK/raw, then scripts/prepare_opus100.sh, bi
 stage S, each depth, seed and variant, train_opus100.sh to S updates (a run resumes from its
 checkpoint_last.pt, so each stage continues the previous one) and evaluate.sh (average of the last 5
 update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<variant>[_<tags>][_rdrop<K>]/<N>L-<M>L
-(the tags where they are not s-enc-t-dec, the setups' default; K the encoder layer without its
-self-attention residual); the records go
+(the tags where they are not s-enc-t-dec, fairseq's recipe and the study's default; K the encoder layer without
+its self-attention residual); the records go
 to RUNS/results.jsonl. A marker eval/evaluated_at_<S> skips finished work, so rerunning the same
 command continues an interrupted study. The stages show where the supervised directions stop improving.
 
@@ -47,7 +47,8 @@ VARIANTS = {"postln": ("postln", []), "preln": ("preln", []), "deepnet": ("deepn
             "deepnet_source": ("deepnet", ["--deepnorm-init", "source"])}
 ARCHS = tuple(VARIANTS)
 ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_source": "DeepNet, source init"}
-LANG_TAGS = ("s-enc-t-dec", "t-enc", "t-enc-t-dec")  # deepnet_setups.lang_tags.STRATEGIES; the first: the setups'
+# deepnet_setups.lang_tags.STRATEGIES; the first (fairseq's recipe) is the study's default and adds no folder suffix
+LANG_TAGS = ("s-enc-t-dec", "t-enc", "t-enc-t-dec")
 REMEDIES = ("none", "residual_drop")  # residual_drop: --encoder-drop-residual-layer at the middle encoder layer
 SUPERVISED = ("de-en", "en-de", "en-fr", "fr-en")
 ZERO_SHOT = ("de-fr", "fr-de")

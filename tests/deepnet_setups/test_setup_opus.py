@@ -184,12 +184,13 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     model_dir = run_dir / "eval/ctranslate2"
     settings = json.loads((model_dir / "deploy.json").read_text())
     languages = settings["langs"], settings["encoder_langtok"], settings["decoder_langtok"]
-    assert settings["segmentation"] == "sentencepiece" and languages == (["de", "en", "fr"], "src", True)
+    # the config's tags, t-enc-t-dec: the target's tag before the source and as the decoder's first token
+    assert settings["segmentation"] == "sentencepiece" and languages == (["de", "en", "fr"], "tgt", True)
     scorer = translate.DeployedTranslator(model_dir).translator
     differences = {}
     for direction in rows:
         references = reference_log_probs(run_dir / "checkpoints/averaged_last2.pt", work / "bin", *direction.split("-"))
-        assert references[0][0][0] == f"__{direction[:2]}__" and references[0][1][0] == f"__{direction[3:]}__"
+        assert references[0][0][0] == references[0][1][0] == f"__{direction[3:]}__"
         scored = scorer.score_batch([s for s, _, _ in references], [t for _, t, _ in references], max_input_length=0)
         differences[direction] = max(float(np.abs(np.array(r.log_probs) - lp).max())
                                      for r, (_, _, lp) in zip(scored, references))
@@ -207,4 +208,4 @@ def test_ctranslate2_gives_fairseqs_hypotheses_in_every_direction(opus, capsys):
     # a model decodes only with the language tags it was trained with: another strategy is refused in one line
     capsys.readouterr()
     assert evaluate.main([*args, "data.lang_tags=t-enc"]) == 2
-    assert "trained with language tags s-enc-t-dec, but data.lang_tags is t-enc" in capsys.readouterr().err
+    assert "trained with language tags t-enc-t-dec, but data.lang_tags is t-enc" in capsys.readouterr().err
