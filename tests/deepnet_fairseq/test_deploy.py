@@ -28,7 +28,8 @@ from conftest import BIN, ROOT, USER_DIR, run
 
 from deepnet_fairseq import export
 from deepnet_fairseq import textprep as tp
-from deepnet_setups import lang_tags
+from deepnet_setups import lang_tags, launch
+from deepnet_setups.config import load as config_load
 from deepnet_setups.runner import fairseq_options
 
 SCRIPTS = ROOT / "scripts"
@@ -54,7 +55,7 @@ def setup(tmp_path_factory, multi30k):
     config = ROOT / "configs/iwslt14_de_en.yaml"
     run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", raw, *args])
     run(["bash", SCRIPTS / "binarize.sh", "--config", config, "--workers", "1", *args])
-    checkpoints = tmp / "runs/iwslt14_de_en/deepnet/2L-3L/checkpoints"
+    checkpoints = launch.run_dir(config_load(config, args), "deepnet", (2, 3)) / "checkpoints"
     checkpoints.mkdir(parents=True)
     in_process_checkpoint(checkpoints / "checkpoint_1_1.pt", tmp / "work/bin", [
         "--arch", "deepnet_transformer_iwslt_de_en", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL,

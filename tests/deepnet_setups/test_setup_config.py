@@ -107,7 +107,7 @@ def test_dry_run_prints_multi_node_fp16_commands():
     """Through the user's script: one torchrun command per node with fp16 and the derived update-freq."""
     commands, text = _dry_run("--arch", "deepnet", "--layers", "100,100", "--gpus", "8", "--nodes", "2",
                               "--master-addr", "node0")
-    assert "world size 16, update-freq 2" in text and "runs/wmt17_en_de/deepnet/100L-100L" in text
+    assert "world size 16, update-freq 2" in text and "runs/wmt17_en_de/deepnet_source/100L-100L" in text
     assert len(commands) == 2  # one torchrun per node
     for rank, command in enumerate(commands):
         argv = shlex.split(command)
@@ -395,8 +395,8 @@ def test_deepnorm_init_is_a_setup_option_that_names_the_run_folder(capsys):
         init = argv[argv.index("--deepnorm-init") + 1] if "--deepnorm-init" in argv else None
         return argv[argv.index("--save-dir") + 1].split("/")[-3], init
 
-    assert folder_and_init("--arch", "deepnet") == ("deepnet", "paper")
-    assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=source") == ("deepnet_source", "source")
+    assert folder_and_init("--arch", "deepnet") == ("deepnet_source", "source")  # the bilingual setups' default
+    assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=paper") == ("deepnet", "paper")
     assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=torchscale") == ("deepnet_torchscale", "torchscale")
     assert folder_and_init("--arch", "preln", "model.deepnorm_init=source") == ("preln", None)  # DeepNet's only
     cfg = cfgmod.load(CONFIGS["iwslt14_de_en"], ["model.deepnorm_init=source"])

@@ -71,7 +71,7 @@ def iwslt(tmp_path_factory, iwslt_work):
     proc = timed(stages, "evaluate", ["bash", SCRIPTS / "evaluate.sh", "--config", ROOT / "configs/iwslt14_de_en.yaml",
                                       "--arch", "deepnet", "--layers", "2,2", "--cpu", *args, *IWSLT_TRAIN])
     print(f"\nIWSLT pipeline on Multi30k: stage wall times (s) {stages}\n{proc.stdout[-600:]}")
-    return {"tmp": tmp, "work": iwslt_work, "args": args, "run": tmp / "runs/iwslt14_de_en/deepnet/2L-2L",
+    return {"tmp": tmp, "work": iwslt_work, "args": args, "run": tmp / "runs/iwslt14_de_en/deepnet_source/2L-2L",
             "stages": stages, "eval_stdout": proc.stdout}
 
 
@@ -106,6 +106,7 @@ def test_iwslt_prepared_text_and_records(iwslt, iwslt_raw):
     assert 0 < train["final_loss"] < 12
     constants = deepnorm_constants(2, 2)
     assert train["deepnorm"]["encoder_alpha"] == pytest.approx(constants.encoder_alpha)
+    assert train["deepnorm_init"] == train["deepnorm"]["init"] == "source"  # the bilingual setups' default
     assert evaluation["deepnorm"] == train["deepnorm"]
     assert evaluation["bleu"] == json.loads((iwslt["run"] / "eval/scores.json").read_text())["bleu"]
     # a rerun of every stage skips the finished work
@@ -125,6 +126,7 @@ def test_report_turns_records_into_a_depth_table(iwslt):
     run(["bash", SCRIPTS / "report", iwslt["tmp"] / "results.jsonl", "--out-dir", out])
     score = json.loads((iwslt["run"] / "eval/scores.json").read_text())["bleu"]
     table = (out / "results.md").read_text()
-    assert "## iwslt14_de_en" in table and "| model | 2L-2L |" in table and f"| DeepNet | {score:.2f} |" in table
+    assert "## iwslt14_de_en" in table and "| model | 2L-2L |" in table
+    assert f"| DeepNet, source init | {score:.2f} |" in table  # the config's init, named where not the paper's
     rows = list(csv.reader((out / "iwslt14_de_en.csv").open()))
-    assert rows == [["model", "2L-2L"], ["DeepNet", f"{score:.2f}"]]
+    assert rows == [["model", "2L-2L"], ["DeepNet, source init", f"{score:.2f}"]]

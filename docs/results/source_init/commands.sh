@@ -75,7 +75,7 @@ stage() {
   local study=$1 variant=$2 seed=$3 layers=$4 updates=$5; shift 5
   local arch=$variant extra=()
   case "$variant" in
-    paper) arch=deepnet ;;
+    paper) arch=deepnet; extra=("model.deepnorm_init=paper") ;;  # the configs default to source
     source) arch=deepnet; extra=("train.extra_args=[--deepnorm-init,source]") ;;
   esac
   local dir=$runs/$study/$variant/seed$seed/${layers/,/L-}L
