@@ -18,9 +18,9 @@ CONFIG = ROOT / "configs" / "iwslt14_de_en.yaml"
 ARCHS = ("postln", "preln", "deepnet")
 # the table's CPU-sized model and checkpoints for the last-5 average: the only departures from the config, but
 # for DeepNet's init: the paper's, which the bilingual configs no longer default to
-MODEL = ["model.deepnorm_init=paper", "model.embed_dim=64", "model.ffn_dim=256", "model.heads=4", "train.dropout=0.1", "train.max_tokens=2000",
-         "train.batch_tokens=2000", "train.save_interval_updates=100", "eval.average_last=5", "eval.max_len_a=1.2",
-         "eval.max_len_b=10"]
+MODEL = ["model.deepnorm_init=paper", "model.embed_dim=64", "model.ffn_dim=256", "model.heads=4", "train.dropout=0.1",
+         "train.max_tokens=2000", "train.batch_tokens=2000", "train.save_interval_updates=100", "eval.average_last=5",
+         "eval.max_len_a=1.2", "eval.max_len_b=10"]
 USAGE = """\
 Usage: scripts/paper_protocol_multi30k.sh [--archs postln,preln,deepnet] [--layers 18,18]
                                           [--stages 2000,4000,6000,8000] [--work DIR] [--runs DIR]
