@@ -262,6 +262,7 @@ def main(argv=None):
     try:
         cfg = load(opts.config, opts.overrides)
         layers = parse_layers(opts.layers) if opts.layers else (cfg["model"]["encoder_layers"], cfg["model"]["decoder_layers"])
+        cfg["model"]["encoder_layers"], cfg["model"]["decoder_layers"] = layers  # records name the depth trained
         fairseq_arch(opts.arch, cfg["model"]["size"])  # validates --arch
         if opts.gpus is None:
             if opts.cpu or opts.dry_run:

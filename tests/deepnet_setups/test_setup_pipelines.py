@@ -108,6 +108,8 @@ def test_iwslt_prepared_text_and_records(iwslt, iwslt_raw):
     assert train["deepnorm"]["encoder_alpha"] == pytest.approx(constants.encoder_alpha)
     assert train["deepnorm_init"] == train["deepnorm"]["init"] == "source"  # the bilingual setups' default
     assert evaluation["deepnorm"] == train["deepnorm"]
+    for record in (train, evaluation):  # the settings name the depth trained (--layers), not the config's
+        assert (record["settings"]["model"]["encoder_layers"], record["settings"]["model"]["decoder_layers"]) == (2, 2)
     assert evaluation["bleu"] == json.loads((iwslt["run"] / "eval/scores.json").read_text())["bleu"]
     # a rerun of every stage skips the finished work
     proc = run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", iwslt_raw, *iwslt["args"]])

@@ -16,7 +16,7 @@ Usage: docs/results/source_init/commands.sh LANE [--updates LIST] [--runs DIR] [
               protocol the paper's protocol (peak 5e-4, 4,000 warm-up, 2,000-8,000 updates) with the
                       source init, 18L-18L, seed 1
               depth   lr 2e-3, warm-up 100, seed 1: 6L-6L source init; 50L-50L source init, paper init,
-                      Pre-LN, Post-LN at 1,500 updates
+                      Pre-LN, Post-LN at 1,500 updates, then the two best of them at 50L-50L to 3,000
               prepare only prepare and binarise Multi30k
               tables  copy RUNS/source_init/results.jsonl here and write the report and the seeds table
                       (seeds.md/.csv: seed 1 from docs/results/multi30k_table, whose records predate settings)
@@ -97,6 +97,18 @@ case "$lane" in
     for updates in 2000 4000 6000 8000; do stage protocol source 1 18,18 "$updates"; done ;;
   depth)
     stage depth source 1 6,6 1500 "${short[@]}"
-    for variant in source paper preln postln; do stage depth "$variant" 1 50,50 1500 "${short[@]}"; done ;;
+    for variant in source paper preln postln; do stage depth "$variant" 1 50,50 1500 "${short[@]}"; done
+    # the two best at 50L-50L by their 1,500-update BLEU in the records go on to 3,000
+    best=$("$py" - "$records" "$runs/depth" <<'PY'
+import json, sys
+records, depth = sys.argv[1:]
+bleu = {r["run_dir"].split("/")[-3]: r["bleu"] for r in map(json.loads, filter(str.strip, open(records)))
+        if r.get("kind") == "eval" and r.get("updates") == 1500 and r["run_dir"].startswith(depth + "/")
+        and r["run_dir"].endswith("/seed1/50L-50L")}
+print(*sorted(bleu, key=bleu.get, reverse=True)[:2])
+PY
+)
+    say "50L-50L on to 3,000 updates: $best"
+    for variant in $best; do stage depth "$variant" 1 50,50 3000 "${short[@]}"; done ;;
 esac
 say "lane $lane done: records in $runs/source_init/results.jsonl"
