@@ -39,12 +39,12 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from deepnet_fairseq import export  # noqa: E402
-from deepnet_fairseq import textprep as tp  # noqa: E402
 from deepnet_fairseq.average import average_checkpoints, last_checkpoints  # noqa: E402
 from deepnet_setups.config import load  # noqa: E402
 from deepnet_setups.evaluate import (  # noqa: E402
     bleu, check_lang_tags, fairseq_generate_batches, generate, generate_here, multilingual_test_directions)
 from deepnet_fairseq.translate import DeployedTranslator  # noqa: E402
+from deepnet_text import textprep as tp  # noqa: E402
 
 from .common import ROOT, machine, write_json  # noqa: E402
 

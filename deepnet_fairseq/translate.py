@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import textprep as tp
+from deepnet_text import textprep as tp
 
 DEPLOY_FILE = "deploy.json"  # written by deepnet_fairseq.export
 
@@ -66,7 +66,7 @@ class DeployedTranslator:
                                    f"from its languages: {' '.join(s['langs'])}")
         return source_lang, target_lang
 
-    # pre- and post-processing (deepnet_fairseq.textprep, the setups' own)
+    # pre- and post-processing (deepnet_text.textprep, the setups' own)
 
     def segment(self, lines, source_lang=None):
         """Raw sentences -> the subword tokens the model reads (without language tokens)."""

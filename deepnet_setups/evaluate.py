@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from deepnet_fairseq import textprep as tp
-from deepnet_fairseq.average import average_checkpoints, last_checkpoints
+from deepnet_text import textprep as tp
 
 from . import lang_tags, langid
 from .config import ConfigError, load
@@ -436,6 +435,8 @@ def main(argv=None):
         out = folder / "eval"
         out.mkdir(parents=True, exist_ok=True)
         k = opts.average_last or cfg["eval"]["average_last"]
+        from deepnet_fairseq.average import average_checkpoints, last_checkpoints  # imports fairseq: not at start-up
+
         try:
             chosen = last_checkpoints(folder / "checkpoints", k)
         except FileNotFoundError as err:

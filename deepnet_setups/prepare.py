@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from deepnet_fairseq import textprep as tp
+from deepnet_text import textprep as tp
 from .config import ConfigError, load
 from .runner import program
 

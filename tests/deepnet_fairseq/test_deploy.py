@@ -27,7 +27,7 @@ import torch
 from conftest import BIN, ROOT, USER_DIR, run
 
 from deepnet_fairseq import export
-from deepnet_fairseq import textprep as tp
+from deepnet_text import textprep as tp
 from deepnet_setups import lang_tags, launch
 from deepnet_setups.config import load as config_load
 from deepnet_setups.runner import fairseq_options

@@ -62,7 +62,7 @@ def test_source_init_model_exports_exactly(trained, tmp_path):
     """Folded into fairseq's transformer: the same scores and beam-5 hypotheses; to CTranslate2 without a setup
     (tokens in and out): fairseq-generate's hypotheses."""
     from deepnet_fairseq import translate
-    from deepnet_fairseq import textprep as tp
+    from deepnet_text import textprep as tp
     from test_deploy import MAX_LEN, assert_fold_exact, export_to, fairseq_generate_valid
 
     work, _ = trained

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT
 
-from deepnet_fairseq import textprep
+from deepnet_text import textprep
 from deepnet_setups import config
 
 FAIRSEQ_LINE_BREAKS = "\n\r"  # what Python's text mode (fairseq's readers) splits lines on

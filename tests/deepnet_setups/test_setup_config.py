@@ -13,7 +13,7 @@ from conftest import ROOT, SHARED_DATA, run
 
 from deepnet_setups import config as cfgmod
 from deepnet_setups import launch
-from deepnet_fairseq import textprep as tp
+from deepnet_text import textprep as tp
 
 CONFIGS = {name: ROOT / "configs" / f"{name}.yaml" for name in ("iwslt14_de_en", "wmt17_en_de", "opus100", "m2m_102")}
 
@@ -354,10 +354,12 @@ def test_launch_sizes_max_tokens_from_the_visible_gpus(capsys, monkeypatch):
 DRIVERS = sorted(f"deepnet_experiments.{m.name}" for m in pkgutil.iter_modules([str(ROOT / "deepnet_experiments")]))
 
 
-@pytest.mark.parametrize("module", ["deepnet_setups.launch", "deepnet_setups.report", *DRIVERS])
+@pytest.mark.parametrize("module", ["deepnet_setups.launch", "deepnet_setups.report", "deepnet_setups.prepare",
+                                    "deepnet_setups.evaluate", "deepnet_text.textprep", *DRIVERS])
 def test_drivers_and_the_launcher_import_no_fairseq(module):
-    """The drivers and the launcher only start fairseq in subprocesses, so importing one loads neither
-    fairseq nor the plugin; fairseq's own entry points (fairseq-train --user-dir) register the plugin."""
+    """The drivers, the launcher, preparation and evaluation import neither fairseq nor the plugin at start-up
+    (seconds for every prepare step and --help): they start fairseq in subprocesses or import it where it runs;
+    fairseq's own entry points (fairseq-train --user-dir) register the plugin."""
     proc = run([sys.executable, "-X", "importtime", "-c", f"import {module}"])
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert module in imported and not {"fairseq", "deepnet_fairseq"} & imported

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT, SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
-from deepnet_fairseq import textprep as tp
+from deepnet_text import textprep as tp
 from deepnet_setups import langid, report
 from deepnet_setups import evaluate
 from deepnet_setups.evaluate import bleu

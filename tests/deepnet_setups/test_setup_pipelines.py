@@ -14,7 +14,7 @@ import pytest
 from conftest import IWSLT_DATA, ROOT, SCRIPTS, run
 
 from deepnet_fairseq.models.deepnorm import deepnorm_constants
-from deepnet_fairseq import textprep as tp
+from deepnet_text import textprep as tp
 from deepnet_setups.evaluate import bleu
 
 TINY = ["model.embed_dim=64", "model.ffn_dim=128", "model.heads=2", "model.share_all_embeddings=true",

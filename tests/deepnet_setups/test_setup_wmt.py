@@ -7,7 +7,7 @@ import pytest
 from conftest import SHARED_DATA
 from test_setup_pipelines import TINY, all_stages, paths
 
-from deepnet_fairseq import textprep as tp
+from deepnet_text import textprep as tp
 from deepnet_setups.evaluate import bleu
 
 # ~100 s of a make test worker; make test runs the IWSLT-14 pipeline end to end (test_setup_pipelines.py)
