@@ -100,9 +100,10 @@ case "$lane" in
     for variant in source paper preln postln; do stage depth "$variant" 1 50,50 1500 "${short[@]}"; done
     # the two best at 50L-50L by their 1,500-update BLEU in the records go on to 3,000
     best=$("$py" - "$records" "$runs/depth" <<'PY'
-import json, sys
+import sys
+from deepnet_setups.report import read_records
 records, depth = sys.argv[1:]
-bleu = {r["run_dir"].split("/")[-3]: r["bleu"] for r in map(json.loads, filter(str.strip, open(records)))
+bleu = {r["run_dir"].split("/")[-3]: r["bleu"] for r in read_records([records])
         if r.get("kind") == "eval" and r.get("updates") == 1500 and r["run_dir"].startswith(depth + "/")
         and r["run_dir"].endswith("/seed1/50L-50L")}
 print(*sorted(bleu, key=bleu.get, reverse=True)[:2])
