@@ -14,7 +14,7 @@ Work folder (``paths.work``)::
     bin/                 fairseq-preprocess output (joined dictionary)
 
 Each step writes under temp names and leaves a ``.done`` marker only after success; a rerun skips
-finished steps. ``prep.json`` records the data/prep settings: a rerun with other settings stops.
+finished steps. ``prep.json`` records the data/prep settings (not the tag strategy): a rerun with other settings stops.
 """
 
 import argparse
@@ -59,11 +59,18 @@ class Step:
         log(f"{self.name}: done in {time.time() - self.start:.1f}s")
 
 
+# fairseq adds the language tags while training and decoding: one prepared folder serves every strategy
+NOT_PREPARED = ("lang_tags",)
+
+
 def check_fingerprint(cfg, work, raw_dir):
-    settings = {"data": cfg["data"], "prep": cfg["prep"], "raw_dir": str(raw_dir)}
+    data = {key: value for key, value in cfg["data"].items() if key not in NOT_PREPARED}
+    settings = {"data": data, "prep": cfg["prep"], "raw_dir": str(raw_dir)}
     path = work / "prep.json"
     if path.exists():
         old = json.loads(path.read_text())
+        for key in NOT_PREPARED:  # written by earlier versions
+            old.get("data", {}).pop(key, None)
         for key in ("raw_dir", "data", "prep"):
             if old.get(key) != settings[key]:
                 changed = key if key == "raw_dir" else next(

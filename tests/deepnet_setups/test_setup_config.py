@@ -3,6 +3,7 @@
 Fast tests (no training). The end-to-end pipelines are in test_setup_{pipelines,opus,wmt}.py.
 """
 
+import json
 import pkgutil
 import re
 import shlex
@@ -423,3 +424,19 @@ def test_lang_tags_strategy_reaches_the_multilingual_task(capsys, strategy, enco
 def test_a_bad_lang_tags_strategy_is_refused_in_one_line(capsys):
     assert launch.main([str(CONFIGS["opus100"]), "--dry-run", "--cpu", "--arch", "deepnet", "data.lang_tags=s-enc"]) == 2
     assert "key 'data.lang_tags' must be one of s-enc-t-dec, t-enc, t-enc-t-dec, got 's-enc'" in capsys.readouterr().err
+
+
+def test_one_prepared_folder_serves_every_lang_tags_strategy(tmp_path):
+    from deepnet_setups.prepare import check_fingerprint
+
+    cfg = cfgmod.load(CONFIGS["opus100"], ["data.lang_tags=s-enc-t-dec", f"paths.work={tmp_path}"])
+    check_fingerprint(cfg, tmp_path, "raw")
+    check_fingerprint(cfgmod.load(CONFIGS["opus100"], ["data.lang_tags=t-enc", f"paths.work={tmp_path}"]), tmp_path, "raw")
+    # a folder whose prep.json (written by earlier versions) names a strategy is still accepted
+    record = json.loads((tmp_path / "prep.json").read_text())
+    record["data"]["lang_tags"] = "s-enc-t-dec"
+    (tmp_path / "prep.json").write_text(json.dumps(record))
+    check_fingerprint(cfg, tmp_path, "raw")
+    # what the data depends on still stops a rerun
+    with pytest.raises(tp.DataError, match="prepared earlier with a different 'prep.spm_vocab_size'"):
+        check_fingerprint(cfgmod.load(CONFIGS["opus100"], ["prep.spm_vocab_size=1000"]), tmp_path, "raw")
