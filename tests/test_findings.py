@@ -549,7 +549,8 @@ def test_readme_numbers_are_the_records():
           f"{source18['bleu_mean']:.2f} at 18L-18L ({source18['seeds']} seeds, {source18['bleu_min']:.2f}-"
           f"{source18['bleu_max']:.2f}) and {depth['deepnet_source', '50L-50L']['bleu_mean']:.2f} at 50L-50L")
     claim(f"the paper init falls to {paper18['bleu_mean']:.2f} at 18L-18L ({paper18['seeds']} seeds) and "
-          f"{depth['deepnet', '50L-50L']['bleu_mean']:.2f} at 50L-50L")
+          f"{depth['deepnet', '50L-50L']['bleu_mean']:.2f} at 50L-50L, Pre-LN to {depth['preln', '50L-50L']['bleu_mean']:.2f} "
+          f"and Post-LN to {depth['postln', '50L-50L']['bleu_mean']:.2f} there")
     from deepnet_experiments import zero_shot_study
 
     tags = {(row["model"], row["updates"]): row
