@@ -3,9 +3,10 @@
     python -m deepnet_experiments.seeds_table RESULTS.jsonl [...] --out DIR [--unrecorded seed=1,lr=0.002,warmup_updates=100]
 
 Reads the launcher's records (``paths.results``): each evaluation is joined to the training record of the same
-run folder and update count (its valid loss); its seed, lr and warm-up are the record's ``settings.train``, and
-only runs with the same lr and warm-up share a row. Records written before records carried their settings are
-refused unless ``--unrecorded`` gives the settings they were trained with; the table marks those seeds with ``*``.
+run folder and stage (its valid loss) and counts the updates of the last checkpoint it averaged; its seed, lr and
+warm-up are the record's ``settings.train``, and only runs with the same lr and warm-up share a row. Records
+written before records carried their settings are refused unless ``--unrecorded`` gives the settings they were
+trained with; the table marks those seeds with ``*``.
 Writes ``seeds.md`` and ``seeds.csv`` into DIR, and for each schedule and update count evaluated at two depths or
 more, ``depth_<lr>_<warm-up>_<updates>.png``: BLEU and valid loss against depth per method (DeepNet Fig. 6's
 shape), the mean over seeds with the min-max range.
@@ -30,7 +31,10 @@ FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "seeds", "bleu_m
 def runs(records, unrecorded=None):
     """[{method, depth, updates, seed, lr, warmup_updates, recorded, bleu, valid_loss, run_dir}] for every
     bilingual evaluation; raises ValueError naming a record without settings when ``unrecorded`` is None."""
-    valid_loss = {(r["run_dir"], r.get("updates")): r.get("valid_loss") for r in records if r.get("kind") == "train"}
+    # a training record belongs to the stage it was launched for (its max_update; older records: its updates), so a
+    # run stopped early by --stop-time-hours still meets its evaluation
+    valid_loss = {(r["run_dir"], ((r.get("settings") or {}).get("train") or {}).get("max_update") or r.get("updates")):
+                  r.get("valid_loss") for r in records if r.get("kind") == "train"}
     out = []
     for r in records:
         if r.get("kind") != "eval" or r.get("bleu") is None or r.get("encoder_layers") is None or "directions" in r:
@@ -40,7 +44,8 @@ def runs(records, unrecorded=None):
             raise ValueError(f"the evaluation of {r['run_dir']} records no settings (seed, lr, warm-up): pass "
                              "--unrecorded with the ones it was trained with")
         name = report.model_name(r)
-        out.append({"method": LEGACY_METHODS.get(name, name), "depth": report.depth(r), "updates": r["max_update"],
+        out.append({"method": LEGACY_METHODS.get(name, name), "depth": report.depth(r),
+                    "updates": r.get("updates") or r["max_update"],  # a run stopped early: the updates it had
                     **{key: (unrecorded if train is None else train)[key] for key in SETTINGS},
                     "recorded": train is not None, "bleu": r["bleu"],
                     "valid_loss": valid_loss.get((r["run_dir"], r["max_update"])), "run_dir": r["run_dir"]})

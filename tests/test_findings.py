@@ -154,6 +154,7 @@ ABLATION = "docs/figures/init_ablation.csv"
 M30K = "docs/results/multi30k/results.jsonl"
 TABLE = ("docs/results/multi30k_table/results.jsonl", "docs/results/multi30k_table/results_source_init.jsonl")
 PROTOCOL = "docs/results/paper_protocol/results.jsonl"
+GPU = "docs/results/source_init/gpu"
 SOURCE_INIT = "docs/results/source_init/results.jsonl"  # issue 34's lanes; seed 1 of 18L-18L is TABLE's
 ZERO_SHOT = "docs/results/zero_shot"
 ZERO_SHOT_TAGS = "docs/results/zero_shot_tags"  # issue 33's study
@@ -551,6 +552,20 @@ def test_readme_numbers_are_the_records():
     claim(f"the paper init falls to {paper18['bleu_mean']:.2f} at 18L-18L ({paper18['seeds']} seeds) and "
           f"{depth['deepnet', '50L-50L']['bleu_mean']:.2f} at 50L-50L, Pre-LN to {depth['preln', '50L-50L']['bleu_mean']:.2f} "
           f"and Post-LN to {depth['postln', '50L-50L']['bleu_mean']:.2f} there")
+    from deepnet_setups import report
+
+    gpu = {(r["settings"]["train"]["lr"], report.model_name(r)): r for path in (GPU, f"{GPU}/lr5e-4")
+           for r in jsonl(f"{path}/results.jsonl") if r["kind"] == "eval"}
+    stalled = [gpu[0.002, name] for name in ("deepnet", "deepnet_source")]
+    assert {(r["encoder_layers"], r["settings"]["model"]["embed_dim"], r["settings"]["train"]["precision"])
+            for r in stalled} == {(50, 256, "fp16")}
+    assert len({f"{r['bleu']:.2f}" for r in stalled}) == 1  # "both inits stall (BLEU x)": one figure for both
+    claim(f"On a GPU at d256 (50L-50L, fp16, {stalled[0]['updates']} updates) that lr is too high for DeepNet: both inits "
+          f"stall (BLEU {stalled[0]['bleu']:.2f}; Pre-LN {gpu[0.002, 'preln']['bleu']:.2f}) and train at 5e-4")
+    trained = {r["run_dir"]: r["valid_loss"] for r in jsonl(f"{GPU}/lr5e-4/results.jsonl") if r["kind"] == "train"}
+    plateau = min(r["valid_loss"] for r in jsonl(f"{GPU}/results.jsonl")
+                  if r["kind"] == "train" and r["arch"] == "deepnet")
+    assert len(trained) == 2 and max(trained.values()) < plateau - 1  # both inits leave the plateau at 5e-4
     from deepnet_experiments import zero_shot_study
 
     tags = {(row["model"], row["updates"]): row

@@ -65,3 +65,14 @@ def test_records_without_settings_need_them_given_and_are_marked(tmp_path, capsy
     assert "`*`: a run whose record carries no settings" in (tmp_path / "out/seeds.md").read_text()
     with pytest.raises(SystemExit):
         seeds_table.main([path, "--out", str(tmp_path / "out"), "--unrecorded", "seed=1"])
+
+
+def test_a_run_stopped_early_counts_the_updates_it_had_and_keeps_its_valid_loss(tmp_path, capsys):
+    # launched for 1,000 updates, stopped at 624 by --stop-time-hours (docs/results/source_init/gpu.sh's TRAIN_MINUTES):
+    # the evaluation averaged checkpoints up to 600, and the training record says 624
+    train, evaluation = record("train", "preln", 1, 624, 6.18), record("eval", "preln", 1, 1000, 6.37)
+    train["settings"]["train"]["max_update"] = 1000
+    evaluation["updates"] = 600
+    assert seeds_table.main([write(tmp_path / "r.jsonl", [train, evaluation]), "--out", str(tmp_path / "out")]) == 0
+    (row,) = csv.DictReader((tmp_path / "out/seeds.csv").open())
+    assert (row["updates"], row["bleu_mean"], row["valid_loss_mean"]) == ("600", "6.37", "6.18")

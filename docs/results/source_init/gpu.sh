@@ -1,34 +1,42 @@
 #!/usr/bin/env bash
-# Issue 34's GPU item, ready for a session that is lent one: 50L-50L d256 on Multi30k de-en, fp16, DeepNet with
+# Issue 34's GPU item: 50L-50L d256 on Multi30k de-en, fp16, DeepNet with
 # the paper init and with the source init, and Pre-LN, 1,000 updates each at the short schedule (lr 2e-3, warm-up
-# 100), the three side by side on one GPU (a step at this size leaves the GPU mostly idle), then each evaluated
-# (fairseq BLEU on test2016, last 5 checkpoints averaged). Records (BLEU, valid loss, lr, warm-up, init, seed)
-# go to OUT/results.jsonl; `python -m deepnet_experiments.seeds_table OUT/results.jsonl --out DIR` tabulates them.
+# 100), the three side by side on one GPU (a step at this size leaves the GPU mostly idle), then the three
+# evaluated side by side (fairseq BLEU on test2016, last 5 checkpoints averaged). Records (BLEU, valid loss, lr,
+# warm-up, init, seed) go to OUT/results.jsonl; `python -m deepnet_experiments.seeds_table OUT/results.jsonl
+# --out DIR` tabulates them. Run in session 17: docs/results/source_init/README.md ("GPU").
 set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: docs/results/source_init/gpu.sh OUT [--raw-dir DIR]
+Usage: docs/results/source_init/gpu.sh OUT [--raw-dir DIR] [KEY=VALUE ...]
 
   OUT         run folders, prepared data, logs and results.jsonl
+  KEY=VALUE   config overrides for every run, after the short schedule's (e.g. train.lr=5e-4)
   --raw-dir   raw Multi30k de-en: train/valid/test2016.{de,en} (default: ../shared/data/multi30k_de_en;
               on the GPU machine, which gets only the checkout, a copy carried with it, e.g. .device/multi30k_de_en)
 Environment:
   UPDATES     updates per run (default 1000)
+  VARIANTS    which of paper, source, preln (default: all three)
+  TRAIN_MINUTES  stop each run's training after this many minutes (fairseq's --stop-time-hours) if it has not
+              reached UPDATES by then, so that the evaluation still fits the device call; the eval record's
+              `updates` says how far each got (default: no limit)
   SMOKE=1     the same steps on CPU: 2L-2L d64, 20 updates, 3,000 training lines (no GPU needed)
-On the project's GPU machine: source .device/setup.sh first (../shared/device/README.md). About 8-10 minutes
-on one H200 is the estimate, not a measurement: give the device call a timeout that leaves time for a rerun,
-which resumes each run from its checkpoint_last.pt and skips an evaluated one.
+On the project's GPU machine: source .device/setup.sh first (../shared/device/README.md). Measured on one H200
+(session 17): three 50L-50L runs side by side train at 1.4-2.1 updates/s each, so 1,000 updates take about 10
+minutes, and the three evaluations about 1 minute; a rerun on a still-warm machine resumes each run from its
+checkpoint_last.pt and skips an evaluated one. docs/results/source_init/README.md has the command as run.
 USAGE
 }
 
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-raw=$root/../shared/data/multi30k_de_en out=""
+raw=$root/../shared/data/multi30k_de_en out="" overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --raw-dir) raw=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "gpu.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *=*) overrides+=("$1"); shift ;;
     *) [ -z "$out" ] || { echo "gpu.sh: one OUT only (see --help)" >&2; exit 2; }; out=$1; shift ;;
   esac
 done
@@ -49,6 +57,9 @@ else
   device=(--gpus 1) eval_device=() layers=50,50  # fp16 is the setups' default on GPU; evaluate.sh uses the GPU
   model=(model.embed_dim=256 model.ffn_dim=1024 model.heads=4)
 fi
+if [ -n "${TRAIN_MINUTES:-}" ]; then
+  short+=("train.extra_args=[--stop-time-hours,$(python3 -c "print(round(${TRAIN_MINUTES} / 60, 4))")]")
+fi
 say() { echo "[gpu.sh $(date -u +%FT%TZ)] $*"; }
 
 if [ ! -e "$out/work/bin/.done" ]; then
@@ -56,27 +67,27 @@ if [ ! -e "$out/work/bin/.done" ]; then
   "$root/scripts/binarize.sh" --config "$config" --workers 4 "${data[@]}"
 fi
 
-variants=(paper source preln)
+read -r -a variants <<< "${VARIANTS:-paper source preln}"
 arch_of() { case "$1" in paper|source) echo deepnet ;; *) echo "$1" ;; esac; }
 init_of() { case "$1" in source) echo source ;; *) echo paper ;; esac; }  # model.deepnorm_init; only DeepNet reads it
-pids=()
-for variant in "${variants[@]}"; do
-  dir=$out/$variant/${layers/,/L-}L
-  mkdir -p "$dir"
-  say "train $variant in $dir (log: $dir.train.log)"
-  "$root/scripts/train_iwslt.sh" --arch "$(arch_of "$variant")" --layers "$layers" "${device[@]}" --run-dir "$dir" \
-    "${data[@]}" "${model[@]}" "${short[@]}" "model.deepnorm_init=$(init_of "$variant")" > "$dir.train.log" 2>&1 &
-  pids+=($!)
-done
-failed=0
-for i in "${!variants[@]}"; do
-  wait "${pids[$i]}" || { failed=1; say "training ${variants[$i]} failed: tail of its log:"; tail -n 20 "$out/${variants[$i]}/${layers/,/L-}L.train.log"; }
-done
-[ "$failed" = 0 ] || exit 1
-for variant in "${variants[@]}"; do
-  dir=$out/$variant/${layers/,/L-}L
-  say "evaluate $variant"
-  "$root/scripts/evaluate.sh" --config "$config" --arch "$(arch_of "$variant")" --run-dir "$dir" "${eval_device[@]}" \
-    "${data[@]}" "${model[@]}" "${short[@]}" "model.deepnorm_init=$(init_of "$variant")"
-done
+each() {  # each STEP (train | evaluate): the variants side by side (a step at this size leaves the GPU mostly idle)
+  local step=$1 pids=() failed=0 variant dir cmd
+  for variant in "${variants[@]}"; do
+    dir=$out/$variant/${layers/,/L-}L
+    mkdir -p "$dir"
+    say "$step $variant in $dir (log: $dir.$step.log)"
+    if [ "$step" = train ]; then cmd=("$root/scripts/train_iwslt.sh" --layers "$layers" "${device[@]}")
+    else cmd=("$root/scripts/evaluate.sh" --config "$config" "${eval_device[@]}"); fi
+    "${cmd[@]}" --arch "$(arch_of "$variant")" --run-dir "$dir" "${data[@]}" "${model[@]}" "${short[@]}" \
+      ${overrides[@]+"${overrides[@]}"} "model.deepnorm_init=$(init_of "$variant")" > "$dir.$step.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!variants[@]}"; do
+    wait "${pids[$i]}" || { failed=1; say "$step ${variants[$i]} failed: tail of its log:"
+                           tail -n 20 "$out/${variants[$i]}/${layers/,/L-}L.$step.log"; }
+  done
+  return "$failed"
+}
+each train
+each evaluate
 say "done: records in $out/results.jsonl"
