@@ -9,7 +9,8 @@
   one all-reduce of two flags (a save-and-exit signal arrived, a checkpoint write failed), so every rank
   stops at the same update: on a signal rank 0 saves ``checkpoint_last.pt`` (unless fairseq just did),
   logs one line and every rank exits with status 75; on a failed write every rank stops.
-- ``recorded_save`` (``save_checkpoint``): the update saved, or the write error to report once agreed.
+- ``recorded_save`` (``save_checkpoint``): the update saved, or the write error to report once agreed; an
+  update checkpoint for an interval update that ends an epoch (``update_checkpoint_at_epoch_end``).
 - ``rollback_on_divergence`` (``Trainer.train_step``) and ``checked_gradient`` (``Trainer.clip_grad_norm``,
   after the gradient all-reduce): a diverged update is skipped from the last good state.
 """
@@ -101,6 +102,7 @@ def recorded_save(save_checkpoint):
     def save(cfg, trainer, epoch_itr, val_loss):
         try:
             path = save_checkpoint(cfg, trainer, epoch_itr, val_loss)
+            update_checkpoint_at_epoch_end(cfg, trainer, epoch_itr)
         except checkpoints.CheckpointWriteError as err:
             _Run.save_failure = err  # no rank may go on alone: reported after the ranks agree
             return None
@@ -108,6 +110,21 @@ def recorded_save(save_checkpoint):
         return path
 
     return save
+
+
+def update_checkpoint_at_epoch_end(cfg, trainer, epoch_itr):
+    """fairseq names an update checkpoint (``checkpoint_<E>_<U>.pt``) only inside an epoch; at an epoch's last
+    update it writes ``checkpoint<E>.pt`` instead, which ``--no-epoch-checkpoints`` (the setups' default) turns off,
+    so averaging the last K update checkpoints left that update out, even a run's final one, and reached one
+    interval further back. That update gets its update checkpoint too: a copy of ``checkpoint_last.pt``."""
+    updates = trainer.get_num_updates()
+    if (cfg.no_save or cfg.no_last_checkpoints or cfg.save_interval_updates <= 0 or updates % cfg.save_interval_updates
+            or not epoch_itr.end_of_epoch() or not trainer.should_save_checkpoint_on_current_rank):
+        return
+    suffix = trainer.checkpoint_suffix
+    named = os.path.join(cfg.save_dir, f"checkpoint_{epoch_itr.epoch}_{updates}{suffix}.pt")
+    if not os.path.exists(named):
+        checkpoints.CheckpointFiles.copy(os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt"), named)
 
 
 def rollback_on_divergence(train_step):

@@ -18,7 +18,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import BIN, ROOT, TINY_MODEL, run
+from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
 
 from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
 from deepnet_fairseq.training.checkpoints import repair_last_checkpoint
@@ -179,6 +179,20 @@ def test_kill_9_between_and_during_checkpoint_writes_resumes_exactly(multi30k_sm
     got, want = model_state(last), model_state(tmp_path / "reference" / "checkpoint_last.pt")
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want), "resumed run ended with different parameters"
+
+
+def test_an_interval_update_that_ends_an_epoch_gets_its_update_checkpoint(multi30k_small_bin, tmp_path):
+    # fairseq writes no checkpoint_<E>_<U>.pt at an epoch's last update, so with --no-epoch-checkpoints
+    # "average the last K" left that update out (train_loop.update_checkpoint_at_epoch_end)
+    cmd = [str(c) for c in train_cmd(multi30k_small_bin, tmp_path, USER_DIR)]
+    for option, value in (("--max-update", "8"), ("--save-interval-updates", "1"), ("--max-tokens", "2000")):
+        cmd[cmd.index(option) + 1] = value
+    run(cmd)
+    saved = {(int(p.stem.split("_")[1]), int(p.stem.split("_")[2])) for p in tmp_path.glob("checkpoint_*_*.pt")}
+    assert {1, 2} <= {epoch for epoch, _ in saved}  # the run crossed an epoch's end (a few updates an epoch)
+    assert sorted(update for _, update in saved) == list(range(1, 9))
+    end = max(update for epoch, update in saved if epoch == 1)
+    assert checkpoint_updates(tmp_path / f"checkpoint_1_{end}.pt") == end
 
 
 @pytest.fixture(scope="module")
