@@ -4,7 +4,7 @@ zero-shot de<->fr included: sacreBLEU, chrF++, target-language accuracy and the 
 the spread over seeds, for each language-tag strategy and remedy asked for.
 
     python -m deepnet_experiments.zero_shot_study [--archs postln,preln,deepnet,deepnet_source] [--layers 6,6 ...]
-        [--lang-tags s-enc-t-dec,t-enc,t-enc-t-dec] [--remedies none,residual_drop] [--train-pairs disjoint]
+        [--lang-tags s-enc-t-dec,t-enc,t-enc-t-dec] [--remedies none,residual_drop,robt] [--train-pairs disjoint]
         [--seeds 1,2,3] [--stages 1500,3000,4500] [--work DIR] [--runs DIR] [--out DIR] [--dry-run]
         [--summary-only] [key=value ...]
 
@@ -12,9 +12,9 @@ Everything goes through the shipped OPUS-100 scripts (configs/opus100.yaml): the
 out in OPUS-100's raw layout under WORK/raw, then scripts/prepare_opus100.sh, binarize.sh, and for each
 stage S, each depth, seed and variant, train_opus100.sh to S updates (a run resumes from its
 checkpoint_last.pt, so each stage continues the previous one) and evaluate.sh (average of the last 5
-update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<variant>[_<tags>][_rdrop<K>]/<N>L-<M>L
+update checkpoints). Each run has its own folder RUNS/seed<k>/opus100/<variant>[_<tags>][_rdrop<K>|_robt]/<N>L-<M>L
 (the tags where they are not s-enc-t-dec, fairseq's recipe and the study's default; K the encoder layer without
-its self-attention residual); the records go
+its self-attention residual; robt: random online back-translation, ``ROBT``); the records go
 to RUNS/results.jsonl. A marker eval/evaluated_at_<S> skips finished work, so rerunning the same
 command continues an interrupted study. The stages show where the supervised directions stop improving.
 
@@ -49,7 +49,10 @@ ARCHS = tuple(VARIANTS)
 ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_source": "DeepNet, source init"}
 # deepnet_setups.lang_tags.STRATEGIES; the first (fairseq's recipe) is the study's default and adds no folder suffix
 LANG_TAGS = ("s-enc-t-dec", "t-enc", "t-enc-t-dec")
-REMEDIES = ("none", "residual_drop")  # residual_drop: --encoder-drop-residual-layer at the middle encoder layer
+REMEDIES = ("none", "residual_drop", "robt")  # residual_drop: --encoder-drop-residual-layer at the middle encoder
+# layer; robt: random online back-translation (the plugin's translation_multi_robt task) in half the updates from
+# update 750 on, the first stage's second half (Zhang et al. fine-tune a trained model with it)
+ROBT = ["--task", "translation_multi_robt", "--robt-share", "0.5", "--robt-from-update", "750"]
 SUPERVISED = ("de-en", "en-de", "en-fr", "fr-en")
 ZERO_SHOT = ("de-fr", "fr-de")
 DATA = ["data.langs=[de,en,fr]", "data.lang_pairs=[de-en,en-de,en-fr,fr-en]", "data.zero_shot_pairs=[de-fr,fr-de]"]
@@ -124,6 +127,8 @@ def run_variant(variant, lang_tags, remedy, encoder_layers):
     if remedy == "residual_drop":  # Liu et al. 2021 drop it in a middle encoder layer
         extra = [*extra, "--encoder-drop-residual-layer", str(encoder_layers // 2)]
         name += f"_rdrop{encoder_layers // 2}"
+    elif remedy == "robt":
+        extra, name = [*extra, *ROBT], name + "_robt"
     return name, arch, [f"data.lang_tags={lang_tags}", f"train.extra_args=[{','.join(extra)}]"]
 
 
@@ -132,7 +137,7 @@ def model_name(folder_name):
     variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if folder_name.startswith(v)), folder_name)
     parts = [ARCH_NAMES.get(variant, variant)]
     for part in filter(None, folder_name[len(variant):].split("_")):
-        parts.append(f"residual drop {part[5:]}" if part.startswith("rdrop") else part)
+        parts.append(f"residual drop {part[5:]}" if part.startswith("rdrop") else "ROBT" if part == "robt" else part)
     return ", ".join(parts)
 
 
@@ -278,7 +283,8 @@ def main(argv=None):
     parser.add_argument("--layers", action="append", help="N,M (repeat for more depths; default 6,6)")
     parser.add_argument("--lang-tags", default=LANG_TAGS[0], help=f"language-tag strategies, of {', '.join(LANG_TAGS)}")
     parser.add_argument("--remedies", default="none", help=f"of {', '.join(REMEDIES)} (residual_drop: no residual "
-                        "around the self-attention of the middle encoder layer, N // 2)")
+                        "around the self-attention of the middle encoder layer, N // 2; robt: random online "
+                        "back-translation in half the updates from update 750)")
     parser.add_argument("--train-pairs", choices=("shared", "disjoint"), default="shared",
                         help="disjoint: de-en and en-fr trained on disjoint halves of the captions (default: both "
                              "on all, as issue 28's study)")

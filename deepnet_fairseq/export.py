@@ -174,14 +174,15 @@ def is_plugin(registry, name):
 
 def plain_cfg(cfg, model_cfg):
     """The checkpoint's cfg with the plugin taken out: no user_dir; the plugin's exact-resume task as
-    fairseq's ``translation`` (whose configuration it uses); a plugin criterion or optimizer dropped
-    (decoding needs neither)."""
+    fairseq's ``translation`` (whose configuration it uses), its back-translating one as fairseq's
+    ``translation_multi_simple_epoch``; a plugin criterion or optimizer dropped (decoding needs neither)."""
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.optim import OPTIMIZER_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
     from fairseq.tasks.translation import TranslationConfig
 
     from deepnet_fairseq.training.exact_resume import ExactResumeTranslationTask
+    from deepnet_fairseq.training.robt import RobtTranslationTask
 
     plain = {k: v for k, v in cfg.items() if k != "model"}
     plain["model"] = model_cfg
@@ -191,6 +192,10 @@ def plain_cfg(cfg, model_cfg):
     if TASK_REGISTRY.get(task.get("_name")) is ExactResumeTranslationTask:  # only the options fairseq's task has
         fields = {f.name for f in dataclasses.fields(TranslationConfig)}
         plain["task"] = dict({k: v for k, v in task.items() if k in fields}, _name="translation")
+    elif TASK_REGISTRY.get(task.get("_name")) is RobtTranslationTask:  # decoding is its parent's
+        parent = {"_name": "translation_multi_simple_epoch", **({"task": "translation_multi_simple_epoch"}
+                                                                if "task" in task else {})}
+        plain["task"] = dict({k: v for k, v in task.items() if not k.startswith("robt_")}, **parent)
     elif is_plugin(TASK_REGISTRY, task.get("_name")):
         raise ExportError(f"task '{task['_name']}' has no fairseq equivalent")
     for section, registry in (("criterion", CRITERION_REGISTRY), ("optimizer", OPTIMIZER_REGISTRY)):

@@ -11,7 +11,7 @@ import fairseq_cli.train as fairseq_train
 from fairseq import checkpoint_utils
 from fairseq.trainer import Trainer
 
-from . import checkpoints, exact_resume, lost_rank, train_loop  # noqa: F401  (exact_resume registers the task)
+from . import checkpoints, exact_resume, lost_rank, robt, train_loop  # noqa: F401  (exact_resume, robt: tasks)
 from .checkpoints import CheckpointWriteError, CorruptCheckpointError, SaveDirInUse, verify_checkpoint  # noqa: F401
 
 ONE_LINE_ERRORS = (CorruptCheckpointError, CheckpointWriteError, SaveDirInUse)  # their message says it all

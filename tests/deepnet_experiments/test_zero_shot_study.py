@@ -44,15 +44,19 @@ def test_disjoint_training_pairs_share_no_caption(tmp_path):
 
 def test_runs_of_each_tag_strategy_and_remedy_have_their_own_folder(tmp_path, capsys):
     args = ["--dry-run", "--archs", "deepnet_source", "--lang-tags", "s-enc-t-dec,t-enc", "--remedies",
-            "none,residual_drop", "--seeds", "1", "--stages", "100", "--work", str(tmp_path / "w"),
+            "none,residual_drop,robt", "--seeds", "1", "--stages", "100", "--work", str(tmp_path / "w"),
             "--runs", str(tmp_path / "r")]
     assert study.main(args) == 0
     trains = [line for line in capsys.readouterr().out.splitlines() if "train_opus100.sh" in line]
     folders = [line.split("--run-dir ")[1].split()[0].split("/")[-2] for line in trains]
-    assert folders == ["deepnet_source", "deepnet_source_rdrop3", "deepnet_source_t-enc", "deepnet_source_t-enc_rdrop3"]
-    assert "data.lang_tags=t-enc" in trains[2] and "data.lang_tags=s-enc-t-dec" in trains[0]
-    assert "train.extra_args=[--deepnorm-init,source,--encoder-drop-residual-layer,3]" in trains[3]
+    assert folders == ["deepnet_source", "deepnet_source_rdrop3", "deepnet_source_robt", "deepnet_source_t-enc",
+                       "deepnet_source_t-enc_rdrop3", "deepnet_source_t-enc_robt"]
+    assert "data.lang_tags=t-enc" in trains[3] and "data.lang_tags=s-enc-t-dec" in trains[0]
+    assert "train.extra_args=[--deepnorm-init,source,--encoder-drop-residual-layer,3]" in trains[4]
+    assert ("train.extra_args=[--deepnorm-init,source,--task,translation_multi_robt,--robt-share,0.5,"
+            "--robt-from-update,750]") in trains[5]
     assert study.model_name("deepnet_source_t-enc_rdrop3") == "DeepNet, source init, t-enc, residual drop 3"
+    assert study.model_name("deepnet_source_t-enc-t-dec_robt") == "DeepNet, source init, t-enc-t-dec, ROBT"
     assert study.model_name("preln") == "Pre-LN"
     assert study.main([*args[:3], "--lang-tags", "x-enc"]) == 2
 

@@ -11,10 +11,11 @@ usage() {
 Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [--remedies R] [--runs DIR] [--dry-run]
 
   PHASE     screen            each language-tag strategy (s-enc-t-dec, t-enc, t-enc-t-dec), seed 1, 1,500 updates
-            remedy STRATEGY   that strategy with and without the residual drop, seeds 1-3, 1,500 updates
+            remedy STRATEGY   that strategy with and without the remedies, seeds 1-3, 1,500 updates
             long STRATEGY     the best two of those (--archs, --remedies) continued to 3,000 updates
   --archs   of deepnet_source, preln, deepnet (default: all three, in this order)
-  --remedies of none, residual_drop (default: both; the screen uses none)
+  --remedies of none, residual_drop, robt (default: none,residual_drop; the screen uses none; robt: random online
+            back-translation in half the updates from update 750)
   --runs    run folders, prepared data and results.jsonl (default: /work/runs)
   --dry-run print the commands only
 Tables, plot and a copy of the records go to docs/results/zero_shot_tags/<phase>/.
