@@ -116,15 +116,20 @@ def update_checkpoint_at_epoch_end(cfg, trainer, epoch_itr):
     """fairseq names an update checkpoint (``checkpoint_<E>_<U>.pt``) only inside an epoch; at an epoch's last
     update it writes ``checkpoint<E>.pt`` instead, which ``--no-epoch-checkpoints`` (the setups' default) turns off,
     so averaging the last K update checkpoints left that update out, even a run's final one, and reached one
-    interval further back. That update gets its update checkpoint too: a copy of ``checkpoint_last.pt``."""
+    interval further back. That update gets its update checkpoint too: a copy of ``checkpoint_last.pt``, dated as
+    its source, since a resume takes a checkpoint newer than ``checkpoint_last.pt`` for a save stopped midway."""
     updates = trainer.get_num_updates()
     if (cfg.no_save or cfg.no_last_checkpoints or cfg.save_interval_updates <= 0 or updates % cfg.save_interval_updates
             or not epoch_itr.end_of_epoch() or not trainer.should_save_checkpoint_on_current_rank):
         return
     suffix = trainer.checkpoint_suffix
+    last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
     named = os.path.join(cfg.save_dir, f"checkpoint_{epoch_itr.epoch}_{updates}{suffix}.pt")
     if not os.path.exists(named):
-        checkpoints.CheckpointFiles.copy(os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt"), named)
+        checkpoints.CheckpointFiles.copy(last, named)
+        if os.path.isfile(named):  # a local file (PathManager's remote ones keep their own dates)
+            written = os.stat(last)
+            os.utime(named, ns=(written.st_atime_ns, written.st_mtime_ns))
 
 
 def rollback_on_divergence(train_step):

@@ -14,6 +14,7 @@ import subprocess
 import textwrap
 import time
 import zipfile
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,8 @@ import torch
 from conftest import BIN, ROOT, TINY_MODEL, USER_DIR, run
 
 from deepnet_fairseq.training import CorruptCheckpointError, verify_checkpoint
-from deepnet_fairseq.training.checkpoints import repair_last_checkpoint
+from deepnet_fairseq.training.checkpoints import catch_up_last_checkpoint, repair_last_checkpoint
+from deepnet_fairseq.training.train_loop import update_checkpoint_at_epoch_end
 
 MAX_UPDATE = 36
 SAVE_EVERY = 10
@@ -200,6 +202,20 @@ def good_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "checkpoint_last.pt"
     torch.save({"model": {"w": torch.arange(20000, dtype=torch.float32)}, "extra": [1, 2, 3]}, path)
     return path
+
+
+def test_the_epoch_end_copy_is_not_taken_for_a_stopped_save(good_checkpoint, tmp_path):
+    # a resume takes a checkpoint newer than checkpoint_last.pt for a save stopped while copying it there: the
+    # epoch-end copy, written after checkpoint_last.pt, must not look newer (it rewrote a finished run's file)
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes(good_checkpoint.read_bytes())
+    os.utime(last, (1e9, 1e9))
+    cfg = SimpleNamespace(no_save=False, no_last_checkpoints=False, save_interval_updates=5, save_dir=str(tmp_path))
+    trainer = SimpleNamespace(get_num_updates=lambda: 10, checkpoint_suffix="",
+                              should_save_checkpoint_on_current_rank=True)
+    update_checkpoint_at_epoch_end(cfg, trainer, SimpleNamespace(epoch=2, end_of_epoch=lambda: True))
+    assert (tmp_path / "checkpoint_2_10.pt").read_bytes() == last.read_bytes()
+    assert catch_up_last_checkpoint(str(last)) is None
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "flipped byte", "not a checkpoint"])
