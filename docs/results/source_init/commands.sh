@@ -9,7 +9,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: docs/results/source_init/commands.sh LANE [--updates LIST] [--runs DIR] [--raw-dir DIR]
+Usage: docs/results/source_init/commands.sh LANE [--updates LIST] [--variants LIST] [--runs DIR] [--raw-dir DIR]
 
   LANE        seeds   18L-18L, lr 2e-3, warm-up 100: Pre-LN / paper init / source init, seeds 2 and 3,
                       at each of --updates (default 1500,3000)
@@ -20,18 +20,21 @@ Usage: docs/results/source_init/commands.sh LANE [--updates LIST] [--runs DIR] [
               prepare only prepare and binarise Multi30k
               tables  copy RUNS/source_init/results.jsonl here and write the report and the seeds table
                       (seeds.md/.csv: seed 1 from docs/results/multi30k_table, whose records predate settings)
+  --variants  the seeds lane's models (default source,paper,preln): a second lane with another list trains
+              beside the first (a run folder trains in one lane at a time: its lock refuses a second)
   --runs DIR  run folders, prepared data and results.jsonl (default: /work/runs)
   --raw-dir   raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
 USAGE
 }
 
 root=$(cd "$(dirname "$0")/../../.." && pwd)
-runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane="" seed_updates=1500,3000
+runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane="" seed_updates=1500,3000 variants=source,paper,preln
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --raw-dir) raw=$2; shift 2 ;;
     --updates) seed_updates=$2; shift 2 ;;
+    --variants) variants=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     seeds|protocol|depth|prepare|tables) lane=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -90,7 +93,7 @@ stage() {
 
 case "$lane" in
   seeds)
-    for updates in ${seed_updates//,/ }; do for seed in 2 3; do for variant in source paper preln; do
+    for updates in ${seed_updates//,/ }; do for seed in 2 3; do for variant in ${variants//,/ }; do
       stage table "$variant" "$seed" 18,18 "$updates" "${short[@]}"
     done; done; done ;;
   protocol)
