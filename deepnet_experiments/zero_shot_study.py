@@ -296,6 +296,9 @@ def main(argv=None):
     parser.add_argument("--shared-data", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--max-train", type=int, help="training lines per corpus (default: all 29,000)")
     parser.add_argument("--test-lines", type=int, help="test lines per direction (default: all 1,000)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="train and evaluate on CPU (default) or on the visible GPUs, in fp32 as on CPU "
+                             "so that the rows compare")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--summary-only", action="store_true", help="rewrite OUT from RUNS/results.jsonl")
     opts = parser.parse_intermixed_args(argv)
@@ -320,7 +323,10 @@ def main(argv=None):
         if not opts.summary_only:
             runs.mkdir(parents=True, exist_ok=True)
             run = Runner(runs / "commands.txt", opts.dry_run)
-            common = DATA + SETTINGS + [f"paths.work={work}", f"paths.results={results}"]
+            cpu = opts.device == "cpu"
+            common = DATA + SETTINGS + [f"paths.work={work}", f"paths.results={results}"] + \
+                ([] if cpu else ["train.precision=fp32"])
+            device = ["--cpu"] if cpu else []
             if not opts.dry_run:
                 opus_layout(Path(opts.shared_data), work / "raw", opts.max_train, opts.test_lines, opts.train_pairs)
             run(["bash", SCRIPTS / "prepare_opus100.sh", "--raw-dir", work / "raw", "--workers", "2", *common,
@@ -337,10 +343,10 @@ def main(argv=None):
                             if runner.stage_done(folder, stage, results):
                                 print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)
                                 continue
-                            run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, "--cpu",
+                            run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, *device,
                                  *args])
                             run(["bash", SCRIPTS / "evaluate.sh", "--config", CONFIG, "--arch", arch, "--layers",
-                                 depth, "--cpu", *args])
+                                 depth, *device, *args])
                             if not opts.dry_run:
                                 runner.mark_stage(folder, stage)
                                 write_summary(read_records(results), out)

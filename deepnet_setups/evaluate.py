@@ -451,8 +451,8 @@ def main(argv=None):
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
                        "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
                        "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
-                       "run_dir": str(folder), "wall_time_s": round(time.time() - start, 1),
-                       "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                       "run_dir": str(folder), "device": "cpu" if cpu else "gpu",
+                       "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                        "max_update": train_cfg.get("train", {}).get("max_update"),
                        **run_settings(train_cfg, deepnorm_from_log(folder / "train.log"))})
         with tp.atomic_write(out / "scores.json") as handle:

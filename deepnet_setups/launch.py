@@ -320,7 +320,7 @@ def main(argv=None):
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
                   "decoder_layers": layers[1], "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
-                  "diverged": log_stats.diverged(returncode), "returncode": returncode,
+                  "device": "cpu" if opts.cpu else f"{opts.gpus} GPU", "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
                   **run_settings(cfg, log_stats.deepnorm)}

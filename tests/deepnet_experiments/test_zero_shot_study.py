@@ -4,9 +4,12 @@ the shared Multi30k, its commands, and its summary over seeds from evaluation re
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
-from conftest import SHARED_DATA
+from conftest import ROOT, SHARED_DATA
 
 from deepnet_experiments import zero_shot_study as study
 
@@ -79,6 +82,10 @@ def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
     assert study.main(["--archs", "transformer", "--dry-run"]) == 2
     assert study.main(["--seeds", "x", "--dry-run"]) == 2
+    capsys.readouterr()
+    assert study.main([*args, "--device", "gpu"]) == 0  # on the GPU: no --cpu, and fp32 as on CPU
+    lines = [line for line in capsys.readouterr().out.splitlines() if "train_opus100.sh" in line or "evaluate.sh" in line]
+    assert len(lines) == 2 * 8 and all("--cpu" not in line and "train.precision=fp32" in line for line in lines)
 
 
 def test_a_stage_marked_done_is_skipped(tmp_path, capsys):
@@ -144,3 +151,16 @@ def test_summary_over_seeds(tmp_path):
     assert summary[1]["zero-shot on-target mean"] == "35.0"
     assert (tmp_path / "zero_shot.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(records)
+
+
+def test_commands_sh_shares_out_seeds_and_sends_runs_to_the_gpu(tmp_path):
+    """docs/results/zero_shot_tags/commands.sh --seeds --gpu: what gpu.sh starts, one process a seed."""
+    here = ROOT / "docs" / "results" / "zero_shot_tags"
+    proc = subprocess.run(["bash", here / "commands.sh", "remedy", "t-enc-t-dec", "--archs", "preln", "--remedies",
+                           "robt", "--seeds", "2", "--gpu", "--runs", tmp_path, "--dry-run"],
+                          capture_output=True, text=True, check=True, env=dict(os.environ, PYTHON=sys.executable))
+    trains = [line for line in proc.stdout.splitlines() if "train_opus100.sh" in line]
+    assert len(trains) == 1 and "train.seed=2" in trains[0] and "--cpu" not in trains[0]
+    assert "seed2/opus100/preln_t-enc-t-dec_robt/6L-6L" in trains[0] and "train.precision=fp32" in trains[0]
+    proc = subprocess.run(["bash", here / "gpu.sh"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage: docs/results/zero_shot_tags/gpu.sh OUT_DIR" in proc.stderr

@@ -103,6 +103,7 @@ def test_iwslt_prepared_text_and_records(iwslt, iwslt_raw):
     train, evaluation = records(iwslt["tmp"])
     assert train["kind"] == "train" and evaluation["kind"] == "eval"
     assert (train["updates"], train["diverged"], train["returncode"], train["world_size"]) == (120, False, 0, 1)
+    assert train["device"] == "cpu" and evaluation["device"] == "cpu"  # records say where they ran
     assert 0 < train["final_loss"] < 12
     constants = deepnorm_constants(2, 2)
     assert train["deepnorm"]["encoder_alpha"] == pytest.approx(constants.encoder_alpha)

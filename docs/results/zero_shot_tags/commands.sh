@@ -8,7 +8,8 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [--remedies R] [--runs DIR] [--dry-run]
+Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [--remedies R] [--seeds S] [--gpu]
+                                              [--runs DIR] [--dry-run]
 
   PHASE     screen            each language-tag strategy (s-enc-t-dec, t-enc, t-enc-t-dec), seed 1, 1,500 updates
             remedy STRATEGY   that strategy with and without the remedies, seeds 1-3, 1,500 updates
@@ -16,6 +17,8 @@ Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [-
   --archs   of deepnet_source, preln, deepnet (default: all three, in this order)
   --remedies of none, residual_drop, robt (default: none,residual_drop; the screen uses none; robt: random online
             back-translation in half the updates from update 750)
+  --seeds   of 1,2,3 (default: all three; the screen: 1), e.g. one seed a process to share out the runs
+  --gpu     train and evaluate on the visible GPU (fp32, as on CPU; the default is CPU)
   --runs    run folders, prepared data and results.jsonl (default: /work/runs)
   --dry-run print the commands only
 Tables, plot and a copy of the records go to docs/results/zero_shot_tags/<phase>/.
@@ -24,13 +27,16 @@ USAGE
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-runs=/work/runs phase="" strategy="" dry=() archs=deepnet_source,preln,deepnet remedies=none,residual_drop
+runs=/work/runs phase="" strategy="" dry=() archs=deepnet_source,preln,deepnet remedies=none,residual_drop seeds=1,2,3
+device=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --dry-run) dry=(--dry-run); shift ;;
     --archs) archs=$2; shift 2 ;;
     --remedies) remedies=$2; shift 2 ;;
+    --seeds) seeds=$2; shift 2 ;;
+    --gpu) device=gpu; shift ;;
     -h|--help) usage; exit 0 ;;
     screen|remedy|long) phase=$1; shift ;;
     s-enc-t-dec|t-enc|t-enc-t-dec) strategy=$1; shift ;;
@@ -40,7 +46,7 @@ done
 [ -n "$phase" ] || { usage >&2; exit 2; }
 [ "$phase" = screen ] || [ -n "$strategy" ] || { echo "commands.sh: $phase needs the strategy the screen chose" >&2; exit 2; }
 study=("${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.zero_shot_study --train-pairs disjoint
-       --archs "$archs" --work "$runs/work/zero_shot_disjoint" --runs "$runs/zero_shot_tags"
+       --archs "$archs" --device "$device" --work "$runs/work/zero_shot_disjoint" --runs "$runs/zero_shot_tags"
        "${dry[@]}")
 # On a machine without the run folders, the committed records say what already ran: each phase's copy holds all
 # the records of the phases before it, so the longest is the latest.
@@ -52,8 +58,8 @@ if [ ! -f "$records" ]; then
 fi
 case "$phase" in
   screen) "${study[@]}" --lang-tags s-enc-t-dec,t-enc,t-enc-t-dec --seeds 1 --stages 1500 --out "$here/screen" ;;
-  remedy) "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds 1,2,3 --stages 1500 \
+  remedy) "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds "$seeds" --stages 1500 \
             --out "$here/remedy" ;;
-  long)   "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds 1,2,3 --stages 1500,3000 \
+  long)   "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds "$seeds" --stages 1500,3000 \
             --out "$here/long" ;;
 esac
