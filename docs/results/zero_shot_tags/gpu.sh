@@ -15,16 +15,17 @@ usage: docs/results/zero_shot_tags/gpu.sh OUT_DIR [DEADLINE_S]
 From the project root, with these in the checkout (ignored by git, named in the device call's carry):
   .device/    a copy of ../shared/device (fairseq for the GPU image)
   .whl/       py3langid-0.4.0 and sacrebleu-2.6.0 wheels, the language ID and BLEU the CPU runs used
-  .zs_data/   the study's prepared data, a copy of RUNS/work/zero_shot_disjoint (commands.sh makes it on CPU)
+  .zs_data/   the study's prepared data: a copy of /work/runs/work/zero_shot_disjoint, which commands.sh makes
+              on CPU (its prep.json names that folder, so the runs there read it from the same path)
 Runs commands.sh remedy t-enc-t-dec --remedies robt --gpu for ARCHS (default "preln deepnet") x SEEDS
 (default "1 2 3"), records in /work/runs/zero_shot_tags/results.jsonl, and after DEADLINE_S seconds
-(default 420) stops what still runs (a train record marked preempted). OUT_DIR gets results.jsonl,
+(default 480) stops what still runs (a train record marked preempted). OUT_DIR gets results.jsonl,
 the processes' logs (logs.tgz) and nvidia-smi's view.
 SMOKE=1: only print the commands (commands.sh --dry-run), no GPU needed.
 USAGE
 }
 case "${1:-}" in -h|--help) usage; exit 0 ;; "") usage >&2; exit 2 ;; esac
-out=$1 deadline=${2:-420}
+out=$1 deadline=${2:-480}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 cd "$root"
@@ -44,8 +45,9 @@ else
 fi
 mkdir -p "$runs/work" "$runs/zero_shot_tags" "$runs/logs"
 [ -d "$runs/work/zero_shot_disjoint" ] || cp -a .zs_data "$runs/work/zero_shot_disjoint"
-# commands.sh starts a machine's records from the committed copy; once here, so that six processes don't race
-[ -f "$runs/zero_shot_tags/results.jsonl" ] || cp "$here/remedy/results.jsonl" "$runs/zero_shot_tags/results.jsonl"
+# commands.sh starts a machine's records from the latest committed copy: once here (a dry run), so that the six
+# processes don't race for it
+bash "$here/commands.sh" remedy t-enc-t-dec --runs "$runs" --dry-run > /dev/null
 
 pids=()
 for arch in ${ARCHS:-preln deepnet}; do
