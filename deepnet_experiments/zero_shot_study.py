@@ -271,6 +271,15 @@ def read_records(path):
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def commands_run(out, runs):
+    """The commands behind OUT's records, once each: those OUT/commands.txt lists below its first line (runs of
+    other machines, whose RUNS/commands.txt is gone), then this machine's RUNS/commands.txt."""
+    listed, log = out / "commands.txt", runs / "commands.txt"
+    lines = listed.read_text(encoding="utf-8").splitlines()[1:] if listed.exists() else []
+    lines += log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    return "".join(f"{line}\n" for line in dict.fromkeys(lines) if line)
+
+
 def csv_list(text, kind=str):
     return [kind(x) for x in text.split(",") if x]
 
@@ -358,8 +367,7 @@ def main(argv=None):
         print((out / "results.md").read_text(encoding="utf-8"))
         (out / "commands.txt").write_text(
             "python -m deepnet_experiments.zero_shot_study " + " ".join(shlex.quote(a) for a in (
-                argv if argv is not None else sys.argv[1:])) + "\n\n" +
-            ((runs / "commands.txt").read_text(encoding="utf-8") if (runs / "commands.txt").exists() else ""))
+                argv if argv is not None else sys.argv[1:])) + "\n\n" + commands_run(out, runs))
     except StudyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

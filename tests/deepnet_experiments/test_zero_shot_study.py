@@ -153,6 +153,21 @@ def test_summary_over_seeds(tmp_path):
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(records)
 
 
+def test_commands_txt_keeps_the_commands_of_earlier_machines(tmp_path):
+    # OUT/commands.txt was committed from another machine; this one's RUNS/commands.txt lists only its own runs
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    out.mkdir(), runs.mkdir()
+    (out / "commands.txt").write_text("python -m deepnet_experiments.zero_shot_study --seeds 1\n\nprep\ntrain 1\n")
+    (runs / "commands.txt").write_text("prep\ntrain 2\n")
+    folder = runs / "seed2" / "opus100" / "deepnet" / "6L-6L"
+    record = eval_record("deepnet", 2, 100, {"de-en": 1.0}, {"de-en": 100.0}) | {"run_dir": str(folder)}
+    (runs / "results.jsonl").write_text(json.dumps(record) + "\n")
+    assert study.main(["--summary-only", "--runs", str(runs), "--out", str(out)]) == 0
+    assert (out / "commands.txt").read_text().splitlines() == [
+        "python -m deepnet_experiments.zero_shot_study --summary-only --runs " + f"{runs} --out {out}", "",
+        "prep", "train 1", "train 2"]
+
+
 def test_commands_sh_shares_out_seeds_and_sends_runs_to_the_gpu(tmp_path):
     """docs/results/zero_shot_tags/commands.sh --seeds --gpu: what gpu.sh starts, one process a seed."""
     here = ROOT / "docs" / "results" / "zero_shot_tags"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 33's remedy phase for Pre-LN and the paper init with ROBT on the project's lent GPU machine (one H200, no
-# network, no fairseq: ../shared/device/README.md): the six runs (2 models x seeds 1-3, 1,500 updates) as six
-# commands.sh processes at once on the one GPU (fp32, as on CPU), each its own seed. Stops them at a deadline and
-# keeps the records; run it again on the same machine and it continues (the runs resume from checkpoint_last.pt).
+# Issue 33's remedy phase for Pre-LN and the paper init on the project's lent GPU machine (one H200, no network, no
+# fairseq: ../shared/device/README.md): 2 models x seeds 1-3 as six commands.sh processes at once on the one GPU
+# (fp32, as on CPU), each its own seed, each the remedies in turn (1,500 updates a run; a run the committed records
+# hold is skipped). Stops them at a deadline and keeps the records; run it again on the same machine and it
+# continues (the runs resume from checkpoint_last.pt).
 # Measured there (session 20, six at once): 4.2-5.4 updates/s each before ROBT starts at update 750, 1.3-1.6 after,
 # so about 11 minutes to 1,500 updates plus the evaluations: more than one 10-minute device call; give the first
 # call DEADLINE_S 480 and rerun at once while the machine is warm (or fewer runs a call: ARCHS, SEEDS).
@@ -17,8 +18,8 @@ From the project root, with these in the checkout (ignored by git, named in the 
   .whl/       py3langid-0.4.0 and sacrebleu-2.6.0 wheels, the language ID and BLEU the CPU runs used
   .zs_data/   the study's prepared data: a copy of /work/runs/work/zero_shot_disjoint, which commands.sh makes
               on CPU (its prep.json names that folder, so the runs there read it from the same path)
-Runs commands.sh remedy t-enc-t-dec --remedies robt --gpu for ARCHS (default "preln deepnet") x SEEDS
-(default "1 2 3"), records in /work/runs/zero_shot_tags/results.jsonl, and after DEADLINE_S seconds
+Runs commands.sh remedy t-enc-t-dec --remedies REMEDIES --gpu (default REMEDIES robt,residual_drop) for ARCHS
+(default "preln deepnet") x SEEDS (default "1 2 3"), skipping runs already recorded, records in /work/runs/zero_shot_tags/results.jsonl, and after DEADLINE_S seconds
 (default 480) stops what still runs (a train record marked preempted). OUT_DIR gets results.jsonl,
 the processes' logs (logs.tgz) and nvidia-smi's view.
 SMOKE=1: only print the commands (commands.sh --dry-run), no GPU needed.
@@ -52,7 +53,7 @@ bash "$here/commands.sh" remedy t-enc-t-dec --runs "$runs" --dry-run > /dev/null
 pids=()
 for arch in ${ARCHS:-preln deepnet}; do
   for seed in ${SEEDS:-1 2 3}; do
-    setsid bash "$here/commands.sh" remedy t-enc-t-dec --archs "$arch" --remedies robt --seeds "$seed" --gpu \
+    setsid bash "$here/commands.sh" remedy t-enc-t-dec --archs "$arch" --remedies "${REMEDIES:-robt,residual_drop}" --seeds "$seed" --gpu \
       --runs "$runs" "${dry[@]}" >> "$runs/logs/gpu_${arch}_seed$seed.log" 2>&1 &
     pids+=($!)
   done
