@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -323,6 +324,8 @@ def main(argv=None):
                   "device": "cpu" if opts.cpu else f"{opts.gpus} GPU", "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
+                  # the largest resident set of any process this launcher waited for (Linux reports KiB)
+                  "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
                   **run_settings(cfg, log_stats.deepnorm)}
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)

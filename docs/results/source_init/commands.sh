@@ -41,10 +41,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$lane" ] || { usage >&2; exit 2; }
-config=$root/configs/iwslt14_de_en.yaml
 here=$root/docs/results/source_init
-py=${PYTHON:-$root/.venv/bin/python}
-records=$runs/source_init/results.jsonl
+records=$runs/source_init/results.jsonl committed=$here/results.jsonl tag=source_init
+source "$root/scripts/lib/multi30k_study.sh"
 if [ "$lane" = tables ]; then
   [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
   cp "$records" "$here/results.jsonl"
@@ -55,41 +54,8 @@ if [ "$lane" = tables ]; then
     --unrecorded seed=1,lr=0.002,warmup_updates=100
   exit 0
 fi
-work=$runs/work/multi30k_de_en
-data=(data.layout=plain "data.train=[train]" "data.valid=[valid]" "data.test=[test2016]"
-      "paths.work=$work" "paths.results=$runs/source_init/results.jsonl")
-# the small Table 1's model and batch (docs/setups.md)
-model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4 train.dropout=0.1 train.max_tokens=2000
-       train.batch_tokens=2000 train.save_interval_updates=100 eval.average_last=5 eval.max_len_a=1.2 eval.max_len_b=10)
-short=(train.lr=2e-3 train.warmup_updates=100)
-say() { echo "[source_init $(date -u +%FT%TZ)] $*"; }
-# On a machine without the run folders, the committed records say what already ran (stage() skips it).
-if [ ! -f "$records" ] && [ -f "$here/results.jsonl" ]; then mkdir -p "$(dirname "$records")" && cp "$here/results.jsonl" "$records"; fi
-
-if [ ! -e "$work/bin/.done" ]; then
-  [ -f "$raw/train.de" ] || { echo "commands.sh: no raw Multi30k at $raw (--raw-dir)" >&2; exit 1; }
-  "$root/scripts/prepare_iwslt14.sh" --raw-dir "$raw" --workers 1 "${data[@]}"
-  "$root/scripts/binarize.sh" --config "$config" --workers 1 "${data[@]}"
-fi
+prepare_multi30k
 [ "$lane" = prepare ] && exit 0
-
-# stage STUDY VARIANT SEED LAYERS UPDATES [key=value ...]: train the run to UPDATES, then evaluate it
-stage() {
-  local study=$1 variant=$2 seed=$3 layers=$4 updates=$5; shift 5
-  local arch=$variant extra=()
-  case "$variant" in
-    paper) arch=deepnet; extra=("model.deepnorm_init=paper") ;;  # the configs default to source
-    source) arch=deepnet; extra=("train.extra_args=[--deepnorm-init,source]") ;;
-  esac
-  local dir=$runs/$study/$variant/seed$seed/${layers/,/L-}L
-  if "$py" -c 'import sys; from deepnet_setups import runner; sys.exit(not runner.stage_done(*sys.argv[1:]))' \
-       "$dir" "$updates" "$records"; then say "$dir: $updates updates already trained and evaluated"; return; fi
-  say "$dir: train to $updates updates, then evaluate"
-  local all=("${data[@]}" "${model[@]}" "$@" "${extra[@]}" "train.seed=$seed" "train.max_update=$updates")
-  "$root/scripts/train_iwslt.sh" --arch "$arch" --layers "$layers" --cpu --run-dir "$dir" "${all[@]}"
-  "$root/scripts/evaluate.sh" --config "$config" --arch "$arch" --run-dir "$dir" --cpu "${all[@]}"
-  mkdir -p "$dir/eval" && date -u +%FT%TZ > "$dir/eval/evaluated_at_$updates"
-}
 
 case "$lane" in
   seeds)
