@@ -4,9 +4,9 @@
 
 Reads the launcher's records (``paths.results``): each evaluation is joined to the training record of the same
 run folder and stage (its valid loss) and counts the updates of the last checkpoint it averaged; its seed, lr and
-warm-up are the record's ``settings.train``, and only runs with the same lr and warm-up share a row. Records
-written before records carried their settings are refused unless ``--unrecorded`` gives the settings they were
-trained with; the table marks those seeds with ``*``.
+warm-up are the record's ``run`` block, and only runs with the same lr and warm-up, device, width and precision
+share a row. Records whose run does not say these are refused unless ``--unrecorded`` gives what they were trained
+with; the table marks those seeds with ``*``.
 Writes ``seeds.md`` and ``seeds.csv`` into DIR, and for each schedule and update count evaluated at two depths or
 more, ``depth_<lr>_<warm-up>_<updates>.png``: BLEU and valid loss against depth per method (DeepNet Fig. 6's
 shape), the mean over seeds with the min-max range.
@@ -23,8 +23,8 @@ from deepnet_setups import report
 
 # the name evaluation records gave the source init before records carried ``deepnorm_init``
 LEGACY_METHODS = {"deepnet_source_init": "deepnet_source"}
-SETTINGS = ("seed", "lr", "warmup_updates")  # settings.train keys a row needs
-FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "seeds", "bleu_mean", "bleu_min", "bleu_max",
+SETTINGS = ("seed", "lr", "warmup_updates", "device", "width", "precision")  # the run keys a row needs
+FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "device", "width", "precision", "seeds", "bleu_mean", "bleu_min", "bleu_max",
           "bleu_stdev", "valid_loss_mean", "per_seed"]
 
 
@@ -33,41 +33,45 @@ def runs(records, unrecorded=None):
     bilingual evaluation; raises ValueError naming a record without settings when ``unrecorded`` is None."""
     # a training record belongs to the stage it was launched for (its max_update; older records: its updates), so a
     # run stopped early by --stop-time-hours still meets its evaluation
-    valid_loss = {(r["run_dir"], ((r.get("settings") or {}).get("train") or {}).get("max_update") or r.get("updates")):
+    valid_loss = {(r["run_dir"], ((r.get("config") or {}).get("train") or {}).get("max_update") or r.get("updates")):
                   r.get("valid_loss") for r in records if r.get("kind") == "train"}
     out = []
     for r in records:
         if r.get("kind") != "eval" or r.get("bleu") is None or r.get("encoder_layers") is None or "directions" in r:
             continue  # a multilingual evaluation's BLEU is a mean over directions: the zero-shot study's tables
-        train = (r.get("settings") or {}).get("train")
-        if train is None and unrecorded is None:
-            raise ValueError(f"the evaluation of {r['run_dir']} records no settings (seed, lr, warm-up): pass "
-                             "--unrecorded with the ones it was trained with")
+        run = r.get("run") or {}
+        missing = [key for key in SETTINGS if run.get(key) is None]
+        if missing and (unrecorded is None or any(key not in unrecorded for key in missing)):
+            raise ValueError(f"the evaluation of {r['run_dir']} records no {', '.join(missing)}: pass --unrecorded "
+                             "with what it was trained with")
         name = report.model_name(r)
         out.append({"method": LEGACY_METHODS.get(name, name), "depth": report.depth(r),
                     "updates": r.get("updates") or r["max_update"],  # a run stopped early: the updates it had
-                    **{key: (unrecorded if train is None else train)[key] for key in SETTINGS},
-                    "recorded": train is not None, "bleu": r["bleu"],
+                    **{key: unrecorded[key] if key in missing else run[key] for key in SETTINGS},
+                    "recorded": not missing, "bleu": r["bleu"],
                     "valid_loss": valid_loss.get((r["run_dir"], r["max_update"])), "run_dir": r["run_dir"]})
     return out
 
 
 def table(rows):
-    """One summary per (method, depth, updates, lr, warm-up); the latest evaluation of a seed wins."""
+    """One summary per (method, depth, updates, lr, warm-up), never pooling devices, widths or precisions (a row
+    each); the latest evaluation of a seed wins."""
     latest = {}
     for row in rows:
-        latest[(row["method"], row["depth"], row["updates"], row["lr"], row["warmup_updates"], row["seed"])] = row
+        latest[(row["method"], row["depth"], row["updates"], row["lr"], row["warmup_updates"],
+                tuple(row[key] for key in SETTINGS[3:]), row["seed"])] = row
     groups = {}
     for key, row in latest.items():
         groups.setdefault(key[:-1], []).append(row)
     out = []
-    for (method, depth, updates, lr, warmup), group in sorted(groups.items(), key=lambda kv: (
-            kv[0][3], kv[0][4], int(kv[0][1].split("L")[0]), kv[0][2], report.ARCH_ORDER.get(kv[0][0], 99))):
+    for (method, depth, updates, lr, warmup, pool), group in sorted(groups.items(), key=lambda kv: (
+            kv[0][3], kv[0][4], str(kv[0][5]), int(kv[0][1].split("L")[0]), kv[0][2],
+            report.ARCH_ORDER.get(kv[0][0], 99))):
         group.sort(key=lambda row: row["seed"])
         bleu = [row["bleu"] for row in group]
         losses = [row["valid_loss"] for row in group if row["valid_loss"] is not None]
         out.append({"method": method, "depth": depth, "updates": updates, "lr": lr, "warmup_updates": warmup,
-                    "seeds": len(group),
+                    **dict(zip(SETTINGS[3:], pool)), "seeds": len(group),
                     "bleu_mean": round(statistics.mean(bleu), 2), "bleu_min": min(bleu), "bleu_max": max(bleu),
                     "bleu_stdev": round(statistics.stdev(bleu), 2) if len(bleu) > 1 else None,
                     "valid_loss_mean": round(statistics.mean(losses), 3) if losses else None,
@@ -78,26 +82,28 @@ def table(rows):
 
 def markdown(summary):
     header = ["method", "depth", "updates", "lr", "warm-up", "seeds", "BLEU mean", "min-max", "stdev",
-              "valid loss (mean)", "BLEU by seed"]
+              "valid loss (mean)", "BLEU by seed", "run on"]
     rows = [[report.ARCH_NAMES.get(s["method"], s["method"]), s["depth"], str(s["updates"]), f"{s['lr']:g}",
              str(s["warmup_updates"]), str(s["seeds"]),
              f"{s['bleu_mean']:.2f}", f"{s['bleu_min']:.2f}-{s['bleu_max']:.2f}",
              "" if s["bleu_stdev"] is None else f"{s['bleu_stdev']:.2f}",
-             "" if s["valid_loss_mean"] is None else f"{s['valid_loss_mean']:.3f}", s["per_seed"]] for s in summary]
+             "" if s["valid_loss_mean"] is None else f"{s['valid_loss_mean']:.3f}", s["per_seed"],
+             f"{s['device']}, d{s['width']}, {s['precision']}"] for s in summary]
     return report.markdown(header, rows)
 
 
+UNRECORDED_KINDS = {"seed": int, "lr": float, "warmup_updates": int, "device": str, "width": int, "precision": str}
+
+
 def unrecorded_settings(text):
-    """'seed=1,lr=0.002,warmup_updates=100' -> {"seed": 1, "lr": 0.002, "warmup_updates": 100}."""
+    """'seed=1,lr=0.002,width=64' -> {"seed": 1, "lr": 0.002, "width": 64}: any of UNRECORDED_KINDS."""
     try:
         pairs = dict(item.split("=", 1) for item in text.split(","))
-        settings = {"seed": int(pairs.pop("seed")), "lr": float(pairs.pop("lr")),
-                    "warmup_updates": int(pairs.pop("warmup_updates"))}
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"want seed=S,lr=LR,warmup_updates=W, got {text!r}") from None
-    if pairs:
-        raise argparse.ArgumentTypeError(f"unknown keys {sorted(pairs)} (want seed, lr, warmup_updates)")
-    return settings
+        return {key: UNRECORDED_KINDS[key](value) for key, value in pairs.items()}
+    except KeyError as err:
+        raise argparse.ArgumentTypeError(f"unknown key {err} (want {', '.join(UNRECORDED_KINDS)})") from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want key=value,... of {', '.join(UNRECORDED_KINDS)}, got {text!r}") from None
 
 
 def depth_plots(summary, out):
@@ -149,8 +155,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("records", nargs="+", help="results.jsonl files (the launcher's paths.results)")
     parser.add_argument("--out", required=True, help="folder for seeds.md and seeds.csv")
-    parser.add_argument("--unrecorded", type=unrecorded_settings, default=None, metavar="seed=S,lr=LR,warmup_updates=W",
-                        help="the settings of records that carry none (written before records had settings)")
+    parser.add_argument("--unrecorded", type=unrecorded_settings, default=None, metavar="seed=S,lr=LR,...",
+                        help="what records whose run does not say it were trained with (" + ", ".join(UNRECORDED_KINDS) + ")")
     args = parser.parse_args(argv)
     try:
         summary = table(runs(report.read_records(args.records), args.unrecorded))

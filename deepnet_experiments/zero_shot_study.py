@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 from deepnet_setups import runner
+from deepnet_setups.records import labelled, pool_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -162,18 +163,22 @@ def summarise(records):
         seed = seed_of(record.get("run_dir", ""))
         if record.get("setup") != "opus100" or seed is None:
             continue
-        key = (Path(record["run_dir"]).parent.name, record["encoder_layers"], record["decoder_layers"])
+        # runs of another device, width or precision are another row, never pooled into one mean
+        key = (Path(record["run_dir"]).parent.name, record["encoder_layers"], record["decoder_layers"],
+               pool_key(record))
         if record.get("kind") == "eval" and record.get("updates") is not None:
             latest[key + (record["updates"], seed)] = record
         elif record.get("kind") == "train" and record.get("updates") is not None:
             walls[key + (record["updates"], seed)] = record.get("wall_time_s")
     groups = {}
-    for (arch, enc, dec, updates, seed), record in latest.items():
-        groups.setdefault((arch, enc, dec, updates), []).append((seed, record))
+    for (arch, enc, dec, pool, updates, seed), record in latest.items():
+        groups.setdefault((arch, enc, dec, updates, pool), []).append((seed, record))
+    pools = [key[4] for key in groups]
     rows = []
-    for (arch, enc, dec, updates), runs in sorted(groups.items(), key=lambda x: (x[0][1], ARCHS.index(x[0][0])
-                                                                                if x[0][0] in ARCHS else 9, x[0][3])):
-        row = {"arch": arch, "model": model_name(arch), "layers": f"{enc}L-{dec}L", "updates": updates,
+    for (arch, enc, dec, updates, pool), runs in sorted(groups.items(), key=lambda x: (
+            x[0][1], ARCHS.index(x[0][0]) if x[0][0] in ARCHS else 9, x[0][3], str(x[0][4]))):
+        row = {"arch": arch, "model": labelled(model_name(arch), pool, pools), "layers": f"{enc}L-{dec}L",
+               "updates": updates,
                "seeds": ",".join(str(s) for s, _ in sorted(runs))}
         per_direction = {}
         for _, record in runs:
@@ -190,7 +195,7 @@ def summarise(records):
                 values = [v for v in values if v is not None]
                 per_run.append(sum(values) / len(values) if values else None)
             row[name] = mean_sd(per_run)
-        row["train wall s (this stage)"] = mean_sd([walls.get((arch, enc, dec, updates, s)) for s, _ in runs])
+        row["train wall s (this stage)"] = mean_sd([walls.get((arch, enc, dec, pool, updates, s)) for s, _ in runs])
         rows.append(row)
     return rows
 

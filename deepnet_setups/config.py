@@ -93,8 +93,8 @@ class ModelConfig:
     share_all_embeddings: bool = True
     share_decoder_input_output_embed: bool = False
     checkpoint_activations: bool = False
-    # --arch deepnet: a name of deepnet_fairseq.models.deepnorm.DEEPNORM_INITS (fairseq-train checks it); a run
-    # folder is named deepnet_<init> where it is not the paper's
+    # --arch deepnet: a name of deepnet_fairseq.models.deepnorm.DEEPNORM_INITS (checked when the config loads); a
+    # run folder is named deepnet_<init> where it is not the paper's
     deepnorm_init: str = "paper"
 
 
@@ -257,10 +257,17 @@ def resolve_precision(train, where):
         train["fp16"] = None
 
 
+def choices():
+    """CHOICES, and DeepNet's inits as the plugin names them (deepnorm.DEEPNORM_INITS, their one list)."""
+    from deepnet_fairseq.models.deepnorm import DEEPNORM_INITS  # imports fairseq: when a config loads, not before
+
+    return {**CHOICES, "model.deepnorm_init": tuple(DEEPNORM_INITS)}
+
+
 def validate(cfg, where):
-    for dotted, choices in CHOICES.items():
-        if get(cfg, dotted) not in choices:
-            raise ConfigError(f"{where}: key '{dotted}' must be one of {', '.join(choices)}, got {get(cfg, dotted)!r}")
+    for dotted, allowed in choices().items():
+        if get(cfg, dotted) not in allowed:
+            raise ConfigError(f"{where}: key '{dotted}' must be one of {', '.join(allowed)}, got {get(cfg, dotted)!r}")
     if not cfg["setup"]:
         raise ConfigError(f"{where}: key 'setup' is required")
     for dotted in cfg["assumed"]:

@@ -26,8 +26,9 @@ from deepnet_text import textprep as tp
 
 from . import lang_tags, langid
 from .config import ConfigError, load
-from .launch import LaunchError, fairseq_arch, parse_layers, run_dir, run_settings
-from .runner import USER_DIR, append_record, deepnorm_from_log, fairseq_options, program
+from . import records
+from .launch import LaunchError, config_block, fairseq_arch, parse_layers, run_dir
+from .runner import USER_DIR, append_record, fairseq_options, program
 
 
 def bleu(hyps, refs, tokenize, lowercase=False):
@@ -451,10 +452,10 @@ def main(argv=None):
         result.update({"kind": "eval", "setup": cfg["setup"], "arch": arch,
                        "encoder_layers": layers[0] if layers else None, "decoder_layers": layers[1] if layers else None,
                        "averaged": [p.name for p in chosen], "updates": _updates(chosen[-1]),
-                       "run_dir": str(folder), "device": "cpu" if cpu else "gpu",
+                       "run_dir": str(folder), "eval_device": "cpu" if cpu else "cuda",
                        "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                        "max_update": train_cfg.get("train", {}).get("max_update"),
-                       **run_settings(train_cfg, deepnorm_from_log(folder / "train.log"))})
+                       **evaluated_run(folder, averaged, arch, train_cfg)})
         with tp.atomic_write(out / "scores.json") as handle:
             json.dump(result, handle, indent=1)
         append_record(cfg["paths"]["results"], result)
@@ -468,6 +469,24 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def evaluated_run(folder, checkpoint, arch, train_cfg):
+    """The record's run facts: the averaged checkpoint's (shape, init, DeepNorm constants, updates), with where the
+    training ran and its command from the run folder's run.json (the launcher's; unknown without it)."""
+    from deepnet_fairseq.run_facts import checkpoint_facts
+
+    facts = checkpoint_facts(checkpoint)
+    trained = json.loads((folder / "run.json").read_text()) if (folder / "run.json").exists() else {}
+    run = {key: facts.get(key, trained.get(key)) for key in records.RUN_KEYS}
+    run.update({key: trained.get(key) for key in ("device", "gpu", "command")})
+    run.update(git_commit=records.git_commit(), versions=records.versions())
+    if not records.has_init(arch):
+        del run["init"]
+    fields = {"run": run, "deepnorm": facts.get("deepnorm"), "deepnorm_init": facts.get("init")}
+    if train_cfg:
+        fields["config"] = config_block(train_cfg, arch)
+    return fields
 
 
 def _updates(checkpoint):

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import lang_tags
+from . import lang_tags, records
 from .config import ConfigError, load
 from .runner import PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, fairseq_options, program, run
 
@@ -206,15 +206,36 @@ def launch_commands(opts, fairseq_args):
             for rank in ranks]
 
 
-def run_settings(cfg, deepnorm):
-    """What a record needs to say how its run trained: the data, model and training sections as resolved
-    (lr, warm-up, seed, schedule, batch, every extra fairseq option), and the DeepNorm constants and init that
-    the model logged (None for another arch)."""
-    if not cfg:
-        return {"deepnorm": deepnorm}
+def config_block(cfg, arch):
+    """The setup's config as resolved for this run (what was asked: data, model and train sections); the DeepNorm
+    init only where the method takes one. What the run computed with is the record's ``run`` (run_facts)."""
     data = {key: cfg["data"][key] for key in ("train", "valid", "test", "lang_pairs", "lang_tags") if cfg["data"].get(key)}
-    return {"deepnorm": deepnorm, "deepnorm_init": (deepnorm or {}).get("init"),
-            "settings": {"data": {**data, "work": cfg["paths"]["work"]}, "model": cfg["model"], "train": cfg["train"]}}
+    model = {k: v for k, v in cfg["model"].items() if k != "deepnorm_init" or records.has_init(arch)}
+    return {"data": {**data, "work": cfg["paths"]["work"]}, "model": model, "train": cfg["train"]}
+
+
+def run_facts(folder, cfg, arch, layers, updates):
+    """The run's facts: from its checkpoint_last.pt (the options fairseq-train resolved, read by the plugin) where
+    it saved one, else what the launcher gave fairseq-train (a --no-save run; a shape the size variant sets is
+    then unknown)."""
+    last = folder / "checkpoints" / "checkpoint_last.pt"
+    if last.exists():
+        from deepnet_fairseq.run_facts import checkpoint_facts  # imports fairseq: at run time only
+
+        return checkpoint_facts(last)
+    model, train = cfg["model"], cfg["train"]
+    return {"width": model["embed_dim"], "ffn": model["ffn_dim"], "heads": model["heads"], "encoder_layers": layers[0],
+            "decoder_layers": layers[1], "lr": train["lr"], "warmup_updates": train["warmup_updates"],
+            "seed": train["seed"], "updates": updates, "init": model["deepnorm_init"] if records.has_init(arch) else None}
+
+
+def device_of(on_gpu, precision):
+    """(device, GPU name, precision as computed): a CPU run computes in fp32 whatever the config asks."""
+    if not on_gpu:
+        return "cpu", None, "fp32"
+    import torch
+
+    return "cuda", torch.cuda.get_device_name(0), precision
 
 
 def requeue_if_preempted(returncode, log_stats, env, node_rank=0):
@@ -321,12 +342,18 @@ def main(argv=None):
         stats = log_stats.stats
         record = {"kind": "train", "setup": cfg["setup"], "arch": opts.arch, "encoder_layers": layers[0],
                   "decoder_layers": layers[1], "world_size": world, "update_freq": update_freq(cfg, world), "run_dir": str(folder),
-                  "device": "cpu" if opts.cpu else f"{opts.gpus} GPU", "diverged": log_stats.diverged(returncode), "returncode": returncode,
+                  "diverged": log_stats.diverged(returncode), "returncode": returncode,
                   "preempted": log_stats.preempted,
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
                   # the largest resident set of any process this launcher waited for (Linux reports KiB)
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
-                  **run_settings(cfg, log_stats.deepnorm)}
+                  "config": config_block(cfg, opts.arch)}
+        facts = run_facts(folder, cfg, opts.arch, layers, stats["updates"])
+        device, gpu, facts["precision"] = device_of(not opts.cpu, facts.get("precision") or cfg["train"]["precision"])
+        record.update(run=records.run_block(opts.arch, facts, device, gpu, cmds[0]),
+                      deepnorm=facts.get("deepnorm"), deepnorm_init=facts.get("init"))
+        # what evaluate.py adds to its records: the training's device and command
+        (folder / "run.json").write_text(json.dumps(record["run"], indent=1))
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
         preempted = requeue_if_preempted(returncode, log_stats, os.environ, opts.node_rank)

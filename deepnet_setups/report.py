@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from .records import labelled, pool_key
+
 ARCH_ORDER = {"postln": 0, "preln": 1, "deepnet": 2, "deepnet_torchscale": 3, "deepnet_source": 4}
 ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_torchscale": "DeepNet, torchscale init",
               "deepnet_source": "DeepNet, source init"}
@@ -69,14 +71,20 @@ def model_name(record):
     return record["arch"] if record.get("arch") != "deepnet" or init in (None, "paper") else f"deepnet_{init}"
 
 
+def named(row):
+    """A row's label: the method's name, and its pool where it has one ('deepnet_source [cuda, d256, fp16]')."""
+    name, _, pool = row.partition(" [")
+    return ARCH_NAMES.get(name, name) + (f" [{pool}" if pool else "")
+
+
 def tables(records):
     """setup -> (depth columns, {arch: {depth: cell}}, signature)."""
     out = {}
-    for r in records:
-        if r.get("encoder_layers") is None or r.get("arch") is None:
-            continue
+    tabled = [r for r in records if r.get("encoder_layers") is not None and r.get("arch") is not None]
+    pools = {setup: [pool_key(r) for r in tabled if r["setup"] == setup] for setup in {r["setup"] for r in tabled}}
+    for r in tabled:
         setup = out.setdefault(r["setup"], {"cells": {}, "signatures": set()})
-        cell = setup["cells"].setdefault(model_name(r), {})
+        cell = setup["cells"].setdefault(labelled(model_name(r), pool_key(r), pools[r["setup"]]), {})
         key = depth(r)
         if r["kind"] == "train" and r.get("diverged"):
             cell[key] = "diverged"
@@ -86,8 +94,8 @@ def tables(records):
     result = {}
     for name, setup in out.items():
         depths = sorted({d for cells in setup["cells"].values() for d in cells}, key=lambda d: int(d.split("L")[0]))
-        archs = sorted(setup["cells"], key=lambda a: (ARCH_ORDER.get(a, 9), a))
-        rows = [[ARCH_NAMES.get(a, a)] + [setup["cells"][a].get(d, "-") for d in depths] for a in archs]
+        archs = sorted(setup["cells"], key=lambda a: (ARCH_ORDER.get(a.split(" [")[0], 9), a))
+        rows = [[named(a)] + [setup["cells"][a].get(d, "-") for d in depths] for a in archs]
         result[name] = (["model"] + depths, rows, sorted(s for s in setup["signatures"] if s))
     return result
 

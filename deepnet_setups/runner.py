@@ -128,20 +128,6 @@ LOG_LINE = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")  # --log-
 DIVERGENCE_MARKERS = ("FloatingPointError", "Minimum loss scale reached", "gradients are Nan/Inf")
 
 
-DEEPNORM_LOG = re.compile(r"deepnorm constants: (\{.*\})\s*$")  # models/deepnet_transformer.py's line
-
-
-def deepnorm_from_log(path):
-    """The DeepNorm constants (and init) a run trained with, from the last such line of its train.log."""
-    found = None
-    if Path(path).exists():
-        with open(path, encoding="utf-8", errors="replace") as log:
-            for line in log:
-                match = DEEPNORM_LOG.search(line)
-                found = json.loads(match.group(1)) if match else found
-    return found
-
-
 class TrainLogStats:
     """What the run record needs from fairseq-train's ``--log-format json`` output, read line by line.
 
@@ -151,16 +137,12 @@ class TrainLogStats:
 
     def __init__(self):
         self.stats = {"final_loss": None, "valid_loss": None, "updates": None}
-        self.deepnorm = None  # the constants the model logged at build: overrides and init included
         self.divergence_message = False
         self.preempted = False
 
     def feed(self, line):
         self.divergence_message |= any(m in line for m in DIVERGENCE_MARKERS)
         self.preempted |= PREEMPTED_MARKER in line
-        constants = DEEPNORM_LOG.search(line)
-        if constants:
-            self.deepnorm = json.loads(constants.group(1))
         match = LOG_LINE.search(line)
         if not match:
             return

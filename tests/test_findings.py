@@ -544,7 +544,7 @@ def test_readme_numbers_are_the_records():
 
     records = [r for path in (*TABLE, SOURCE_INIT) for r in jsonl(path)]
     depth = {(row["method"], row["depth"]): row for row in seeds_table.table(seeds_table.runs(
-        records, {"seed": 1, "lr": 0.002, "warmup_updates": 100})) if row["updates"] == 1500 and row["lr"] == 0.002}
+        records, {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64})) if row["updates"] == 1500 and row["lr"] == 0.002}
     source18, paper18 = depth["deepnet_source", "18L-18L"], depth["deepnet", "18L-18L"]
     claim(f"the source init scores {depth['deepnet_source', '6L-6L']['bleu_mean']:.2f} at 6L-6L, "
           f"{source18['bleu_mean']:.2f} at 18L-18L ({source18['seeds']} seeds, {source18['bleu_min']:.2f}-"
@@ -554,11 +554,11 @@ def test_readme_numbers_are_the_records():
           f"and Post-LN to {depth['postln', '50L-50L']['bleu_mean']:.2f} there")
     from deepnet_setups import report
 
-    gpu = {(r["settings"]["train"]["lr"], report.model_name(r)): r for path in (GPU, f"{GPU}/lr5e-4")
+    gpu = {(r["run"]["lr"], report.model_name(r)): r for path in (GPU, f"{GPU}/lr5e-4")
            for r in jsonl(f"{path}/results.jsonl") if r["kind"] == "eval"}
     stalled = [gpu[0.002, name] for name in ("deepnet", "deepnet_source")]
-    assert {(r["encoder_layers"], r["settings"]["model"]["embed_dim"], r["settings"]["train"]["precision"])
-            for r in stalled} == {(50, 256, "fp16")}
+    assert {(r["encoder_layers"], r["run"]["width"], r["run"]["precision"], r["run"]["device"])
+            for r in stalled} == {(50, 256, "fp16", "cuda")}
     assert len({f"{r['bleu']:.2f}" for r in stalled}) == 1  # "both inits stall (BLEU x)": one figure for both
     claim(f"On a GPU at d256 (50L-50L, fp16, {stalled[0]['updates']} updates) that lr is too high for DeepNet: both inits "
           f"stall (BLEU {stalled[0]['bleu']:.2f}; Pre-LN {gpu[0.002, 'preln']['bleu']:.2f}) and train at 5e-4")

@@ -15,9 +15,8 @@ Each layer keeps its alpha as a (persistent) buffer: checkpoints record the cons
 trained with, and a DeepNet checkpoint cannot load silently into a Post-LN model of the same shape.
 """
 
-import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Optional
 
@@ -34,7 +33,6 @@ from .layers import LayerClassDecoder, LayerClassEncoder
 from .sizes import register_size_variants
 
 logger = logging.getLogger(__name__)
-DEEPNORM_LOG_PREFIX = "deepnorm constants: "  # the launcher reads the JSON after it
 
 
 @dataclass
@@ -178,9 +176,6 @@ class DeepNetTransformerModel(LayerClassTransformerModel):
         parse_gains(cfg.deepnorm_gains)  # and the ablation's gains
         logger.info(f"{constants.describe()} ({cfg.deepnorm_init} init"
                     + (f"; gains {cfg.deepnorm_gains}" if cfg.deepnorm_gains else "") + ")")
-        # full precision, for the run records (deepnet_setups.runner.TrainLogStats)
-        logger.info(DEEPNORM_LOG_PREFIX + json.dumps({**asdict(constants), "init": cfg.deepnorm_init,
-                                                      "gains": cfg.deepnorm_gains or None}))
 
 
 def deepnet_defaults(args):

@@ -41,9 +41,8 @@ def install():
         (checkpoint_utils, "load_checkpoint_to_cpu", checkpoints.checked_load_checkpoint_to_cpu),
         # ... and a torch file that holds no fairseq checkpoint is named, not a KeyError
         (checkpoint_utils, "_upgrade_state_dict", checkpoints.checked_upgrade_state_dict),
-        # fairseq-train's rank 0 at its start: the save dir is held by this trainer alone
-        (checkpoint_utils, "verify_checkpoint_directory", checkpoints.held_save_dir),
-        # fairseq-train before the first update: resume from a complete file, not past --max-update; start guards
+        # fairseq-train before the first update: the save dir held by rank 0 (unless --no-save); resume from a
+        # complete file, not past --max-update; start guards
         (checkpoint_utils, "load_checkpoint", train_loop.start_of_training),
         # a checkpoint file is complete or absent; a failed write stops at once with one line
         (checkpoint_utils, "torch_persistent_save", checkpoints.atomic_persistent_save),

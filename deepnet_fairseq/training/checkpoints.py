@@ -427,15 +427,5 @@ def hold_save_dir(save_dir):
     return _held[key]
 
 
-def held_save_dir(verify_checkpoint_directory):
-    """fairseq-train's ``verify_checkpoint_directory`` (rank 0, first thing): the save dir is ours first."""
-    def verify(save_dir):
-        os.makedirs(save_dir, exist_ok=True)
-        hold_save_dir(save_dir)
-        return verify_checkpoint_directory(save_dir)
-
-    return verify
-
-
 if __name__ == "__main__":
     raise SystemExit(main())

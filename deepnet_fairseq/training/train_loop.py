@@ -171,6 +171,8 @@ def start_of_training(load_checkpoint):
             raise ValueError("--divergence-rollback/--divergence-loss-spike/--divergence-fp16-fallback need "
                              "--criterion diagnostic_label_smoothed_cross_entropy --divergence-guard")
         if trainer.data_parallel_rank == 0:  # rank 0 reads the checkpoint and broadcasts it (fairseq's default)
+            if not cfg.no_save:  # the save dir is this trainer's alone; a run that writes nothing needs no lock
+                checkpoints.hold_save_dir(cfg.save_dir)
             checkpoints.check_resume_file(cfg)
         extra_state, epoch_itr = load_checkpoint(cfg, trainer, **passthrough_args)
         max_update = trainer.cfg.optimization.max_update

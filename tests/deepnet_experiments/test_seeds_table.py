@@ -1,5 +1,5 @@
-"""The seeds table: mean and spread over seeds, rows split by lr and warm-up, records without settings refused
-unless their settings are given (and then marked)."""
+"""The seeds table: mean and spread over seeds, rows split by lr and warm-up and never pooled across devices,
+widths or precisions, records whose run does not say these refused unless they are given (and then marked)."""
 
 import csv
 import json
@@ -9,12 +9,13 @@ import pytest
 from deepnet_experiments import seeds_table
 
 
-def record(kind, arch, seed, updates, value, lr=0.002, warmup=100, init="paper", settings=True, layers=18):
+def record(kind, arch, seed, updates, value, lr=0.002, warmup=100, init="paper", settings=True, layers=18, device="cpu"):
     r = {"kind": kind, "arch": arch, "deepnorm_init": init if arch == "deepnet" else None, "encoder_layers": layers,
          "decoder_layers": layers, "run_dir": f"runs/{arch}_{init}/seed{seed}_{lr}_{warmup}/{layers}L",
          "setup": "iwslt14_de_en"}
     if settings:
-        r["settings"] = {"train": {"seed": seed, "lr": lr, "warmup_updates": warmup}}
+        r["run"] = {"seed": seed, "lr": lr, "warmup_updates": warmup, "device": device, "width": 64,
+                    "precision": "fp32" if device == "cpu" else "fp16"}
     if kind == "eval":
         r.update(max_update=updates, bleu=value)
     else:
@@ -58,21 +59,32 @@ def test_records_without_settings_need_them_given_and_are_marked(tmp_path, capsy
               record("eval", "deepnet", 2, 3000, 34.0, init="source")]
     path = write(tmp_path / "r.jsonl", legacy)
     assert seeds_table.main([path, "--out", str(tmp_path / "out")]) == 1
-    assert "records no settings" in capsys.readouterr().err
-    assert seeds_table.main([path, "--out", str(tmp_path / "out"), "--unrecorded", "seed=1,lr=0.002,warmup_updates=100"]) == 0
+    assert "records no seed, lr, warmup_updates, device, width, precision" in capsys.readouterr().err
+    assert seeds_table.main([path, "--out", str(tmp_path / "out"), "--unrecorded",
+                             "seed=1,lr=0.002,warmup_updates=100,device=cpu,width=64,precision=fp32"]) == 0
     (row,) = csv.DictReader((tmp_path / "out/seeds.csv").open())  # the legacy name joins the source init's row
     assert row["method"] == "deepnet_source" and row["per_seed"] == "1*:35.3 2:34.0"
     assert "`*`: a run whose record carries no settings" in (tmp_path / "out/seeds.md").read_text()
+    assert seeds_table.main([path, "--out", str(tmp_path / "out"), "--unrecorded", "seed=1"]) == 1  # not all given
     with pytest.raises(SystemExit):
-        seeds_table.main([path, "--out", str(tmp_path / "out"), "--unrecorded", "seed=1"])
+        seeds_table.main([path, "--out", str(tmp_path / "out"), "--unrecorded", "seed=1,colour=red"])
 
 
 def test_a_run_stopped_early_counts_the_updates_it_had_and_keeps_its_valid_loss(tmp_path, capsys):
     # launched for 1,000 updates, stopped at 624 by --stop-time-hours (docs/results/source_init/gpu.sh's TRAIN_MINUTES):
     # the evaluation averaged checkpoints up to 600, and the training record says 624
     train, evaluation = record("train", "preln", 1, 624, 6.18), record("eval", "preln", 1, 1000, 6.37)
-    train["settings"]["train"]["max_update"] = 1000
+    train["config"] = {"train": {"max_update": 1000}}
     evaluation["updates"] = 600
     assert seeds_table.main([write(tmp_path / "r.jsonl", [train, evaluation]), "--out", str(tmp_path / "out")]) == 0
     (row,) = csv.DictReader((tmp_path / "out/seeds.csv").open())
     assert (row["updates"], row["bleu_mean"], row["valid_loss_mean"]) == ("600", "6.37", "6.18")
+
+
+def test_a_gpu_run_is_never_pooled_with_cpu_runs(tmp_path, capsys):
+    records = [record("eval", "preln", 1, 1500, 30.0), record("eval", "preln", 2, 1500, 31.0),
+               record("eval", "preln", 3, 1500, 12.0, device="cuda")]
+    assert seeds_table.main([write(tmp_path / "r.jsonl", records), "--out", str(tmp_path / "out")]) == 0
+    rows = {r["device"]: r for r in csv.DictReader((tmp_path / "out/seeds.csv").open())}
+    assert (rows["cpu"]["seeds"], rows["cpu"]["bleu_mean"], rows["cpu"]["precision"]) == ("2", "30.5", "fp32")
+    assert (rows["cuda"]["seeds"], rows["cuda"]["bleu_mean"], rows["cuda"]["precision"]) == ("1", "12.0", "fp16")

@@ -489,6 +489,27 @@ def test_a_second_trainer_on_one_save_dir_is_refused_naming_the_holder(multi30k_
         lock.release()
 
 
+def test_a_run_that_saves_nothing_takes_no_lock(multi30k_small_bin, tmp_path):
+    """--no-save writes no checkpoint, so quick probes side by side in one folder never refuse each other."""
+    from conftest import USER_DIR
+
+    from deepnet_fairseq.training.checkpoints import hold_save_dir
+
+    save = tmp_path / "save"
+    save.mkdir()
+    lock = hold_save_dir(str(save))  # another trainer holds the folder
+    try:
+        holder = (save / LOCK_NAME).read_text()
+        proc = subprocess.run([str(c) for c in one_process(multi30k_small_bin, save, USER_DIR, "--no-save",
+                                                              "--max-update", "2")],
+                              env=train_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "in use by another trainer" not in proc.stderr
+        assert (save / LOCK_NAME).read_text() == holder  # the holder's lock untouched
+    finally:
+        lock.release()
+
+
 def test_save_on_signals_names_catchable_signals_or_none():
     from deepnet_fairseq.training.preemption import parse_signals
 

@@ -403,10 +403,11 @@ def test_deepnorm_init_is_a_setup_option_that_names_the_run_folder(capsys):
     assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=torchscale") == ("deepnet_torchscale", "torchscale")
     assert folder_and_init("--arch", "preln", "model.deepnorm_init=source") == ("preln", None)  # DeepNet's only
     cfg = cfgmod.load(CONFIGS["iwslt14_de_en"], ["model.deepnorm_init=source"])
-    deepnorm = {"encoder_alpha": 1.4, "init": "source"}
-    record = launch.run_settings(cfg, deepnorm)
-    assert record["deepnorm_init"] == "source" and record["deepnorm"] == deepnorm
-    assert record["settings"]["train"]["lr"] == cfg["train"]["lr"] and record["settings"]["model"]["deepnorm_init"] == "source"
+    assert launch.config_block(cfg, "deepnet")["model"]["deepnorm_init"] == "source"
+    assert "deepnorm_init" not in launch.config_block(cfg, "preln")["model"]  # a Pre-LN record names no init
+    with pytest.raises(cfgmod.ConfigError, match="key 'model.deepnorm_init' must be one of paper, torchscale, source, "
+                                                 "got 'sorce'"):
+        cfgmod.load(CONFIGS["iwslt14_de_en"], ["model.deepnorm_init=sorce"])  # a typo fails when the config loads
 
 
 @pytest.mark.parametrize("strategy, encoder, decoder", [("s-enc-t-dec", "src", True), ("t-enc", "tgt", False),

@@ -15,6 +15,7 @@ from conftest import IWSLT_DATA, ROOT, SCRIPTS, run
 
 from deepnet_fairseq.models.deepnorm import deepnorm_constants
 from deepnet_text import textprep as tp
+from deepnet_setups import records as records_schema
 from deepnet_setups.evaluate import bleu
 
 TINY = ["model.embed_dim=64", "model.ffn_dim=128", "model.heads=2", "model.share_all_embeddings=true",
@@ -103,14 +104,20 @@ def test_iwslt_prepared_text_and_records(iwslt, iwslt_raw):
     train, evaluation = records(iwslt["tmp"])
     assert train["kind"] == "train" and evaluation["kind"] == "eval"
     assert (train["updates"], train["diverged"], train["returncode"], train["world_size"]) == (120, False, 0, 1)
-    assert train["device"] == "cpu" and evaluation["device"] == "cpu"  # records say where they ran
+    for record in (train, evaluation):  # records say how the run ran, in the schema
+        assert records_schema.problems(record) == [] and record["run"]["device"] == "cpu"
+        assert {key: record["run"][key] for key in ("precision", "width", "ffn", "heads", "encoder_layers", "init")} == \
+            {"precision": "fp32", "width": 64, "ffn": 128, "heads": 2, "encoder_layers": 2, "init": "source"}
+        assert record["run"]["command"][0].endswith("fairseq-train") and record["run"]["versions"]["torch"]
+        assert "precision" in record["config"]["train"]  # what was asked, beside what ran
+    assert evaluation["eval_device"] == "cpu" and evaluation["run"]["updates"] == evaluation["updates"]
     assert 0 < train["final_loss"] < 12
     constants = deepnorm_constants(2, 2)
     assert train["deepnorm"]["encoder_alpha"] == pytest.approx(constants.encoder_alpha)
-    assert train["deepnorm_init"] == train["deepnorm"]["init"] == "source"  # the bilingual setups' default
+    assert train["deepnorm_init"] == train["run"]["init"] == "source"  # the bilingual setups' default
     assert evaluation["deepnorm"] == train["deepnorm"]
-    for record in (train, evaluation):  # the settings name the depth trained (--layers), not the config's
-        assert (record["settings"]["model"]["encoder_layers"], record["settings"]["model"]["decoder_layers"]) == (2, 2)
+    for record in (train, evaluation):  # the config names the depth trained (--layers), not the config file's
+        assert (record["config"]["model"]["encoder_layers"], record["config"]["model"]["decoder_layers"]) == (2, 2)
     assert evaluation["bleu"] == json.loads((iwslt["run"] / "eval/scores.json").read_text())["bleu"]
     # a rerun of every stage skips the finished work
     proc = run(["bash", SCRIPTS / "prepare_iwslt14.sh", "--raw-dir", iwslt_raw, *iwslt["args"]])

@@ -51,7 +51,7 @@ if [ "$lane" = tables ]; then
   # seed 1 is the small Table 1 (docs/setups.md): lr 2e-3, warm-up 100, the launcher's seed 1
   "$py" -m deepnet_experiments.seeds_table "$root/docs/results/multi30k_table/results.jsonl" \
     "$root/docs/results/multi30k_table/results_source_init.jsonl" "$here/results.jsonl" --out "$here" \
-    --unrecorded seed=1,lr=0.002,warmup_updates=100
+    --unrecorded seed=1,lr=0.002,warmup_updates=100,width=64
   exit 0
 fi
 prepare_multi30k

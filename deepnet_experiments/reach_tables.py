@@ -1,0 +1,158 @@
+"""The tables of docs/results/reach: DeepNet to 1,000 layers, and each method at its own best rate by width.
+
+    python -m deepnet_experiments.reach_tables REACH.jsonl [TABLE.jsonl ...] --out DIR
+
+Reads the launcher's records (``paths.results``); the further files are the small Table 1's seed-1 records (d64,
+lr 2e-3), whose run block does not give their width, lr and warm-up: the table fills those from what that study ran
+(``TABLE_RUN``) and marks them ``*``. Writes into DIR:
+  width.md / width.csv   18L-18L, 1,500 updates, warm-up 100: BLEU and valid loss per width, method and lr, with
+                         each method's best rate at each width (by BLEU) and the width's best cell
+  width.png              BLEU at each method's best rate against width
+  deep.md / deep.csv     the deep lane: BLEU, valid loss, s/update and peak memory per depth, method and updates
+"""
+
+import argparse
+import csv
+import io
+import sys
+from pathlib import Path
+
+from deepnet_setups import report
+
+from . import seeds_table
+
+METHODS = ("preln", "deepnet", "deepnet_source")  # Pre-LN, DeepNet's paper init, its source init
+TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # scripts/table1.sh, docs/setups.md
+WIDTH_FIELDS = ["width", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
+DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "peak_rss_mib", "run_dir"]
+
+
+def train_costs(records):
+    """(run_dir, updates) -> (s/update of the stage that ended there, peak RSS MiB): a stage resumed from an earlier
+    one is charged only its own updates."""
+    stages = {}
+    for r in records:
+        if r.get("kind") == "train" and r.get("updates"):
+            stages.setdefault(r["run_dir"], []).append(r)
+    costs = {}
+    for run_dir, trained in stages.items():
+        trained.sort(key=lambda r: r["updates"])
+        before = 0
+        for r in trained:
+            done = r["updates"] - before
+            costs[run_dir, r["updates"]] = (round(r["wall_time_s"] / done, 2) if done > 0 else None, r.get("peak_rss_mib"))
+            before = r["updates"]
+    return costs
+
+
+def width_rows(records):
+    """One row per (width, method, lr) at 18L-18L, 1,500 updates, warm-up 100 (the latest evaluation wins)."""
+    costs = train_costs(records)
+    latest = {}
+    for run in seeds_table.runs(records, TABLE_RUN):
+        if run["method"] in METHODS and run["depth"] == "18L-18L" and run["updates"] == 1500 and run["warmup_updates"] == 100 and run["seed"] == 1:
+            latest[run["width"], run["method"], run["lr"]] = run
+    rows = [{"width": width, "method": method, "lr": lr, "bleu": run["bleu"], "valid_loss": run["valid_loss"],
+             "s_per_update": (costs.get((run["run_dir"], 1500)) or (None,))[0], "recorded": run["recorded"],
+             "run_dir": run["run_dir"]} for (width, method, lr), run in latest.items()]
+    for row in rows:
+        same = [r for r in rows if r["width"] == row["width"]]
+        row["best_rate"] = row["bleu"] == max(r["bleu"] for r in same if r["method"] == row["method"])
+        row["best_of_width"] = row["bleu"] == max(r["bleu"] for r in same)
+    return sorted(rows, key=lambda r: (r["width"], report.ARCH_ORDER.get(r["method"], 99), r["lr"]))
+
+
+def deep_rows(records, prefix="/reach/deep/"):
+    costs = train_costs(records)
+    rows = []
+    for r in records:
+        if r.get("kind") == "eval" and prefix in r["run_dir"]:
+            spu, rss = costs.get((r["run_dir"], r["max_update"]), (None, None))
+            rows.append({"depth": report.depth(r), "method": report.model_name(r), "lr": r["run"]["lr"],
+                         "updates": r["updates"], "bleu": r["bleu"], "valid_loss": next(
+                             (t.get("valid_loss") for t in records if t.get("kind") == "train"
+                              and t["run_dir"] == r["run_dir"] and t["updates"] == r["max_update"]), None),
+                         "s_per_update": spu, "peak_rss_mib": rss, "run_dir": r["run_dir"]})
+    return sorted(rows, key=lambda r: (-int(r["depth"].split("L")[0]), report.ARCH_ORDER.get(r["method"], 99), r["updates"]))
+
+
+def cell(value, digits):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def width_markdown(rows):
+    header = ["width", "method", "lr", "BLEU", "valid loss", "s/update", "best rate of the method"]
+    body = [[f"d{r['width']}", report.ARCH_NAMES.get(r["method"], r["method"]), f"{r['lr']:g}",
+             ("**" + cell(r["bleu"], 2) + "**" if r["best_of_width"] else cell(r["bleu"], 2)) + ("" if r["recorded"] else "*"),
+             cell(r["valid_loss"], 3), cell(r["s_per_update"], 2), "yes" if r["best_rate"] else ""] for r in rows]
+    return report.markdown(header, body)
+
+
+def deep_markdown(rows):
+    header = ["depth", "method", "lr", "updates", "BLEU", "valid loss", "s/update", "peak RSS MiB"]
+    body = [[r["depth"], report.ARCH_NAMES.get(r["method"], r["method"]), f"{r['lr']:g}", str(r["updates"]),
+             cell(r["bleu"], 2), cell(r["valid_loss"], 3), cell(r["s_per_update"], 1), str(r["peak_rss_mib"] or "-")]
+            for r in rows]
+    return report.markdown(header, body)
+
+
+def width_plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for method in sorted({r["method"] for r in rows}, key=lambda m: report.ARCH_ORDER.get(m, 99)):
+        best = sorted((r["width"], r["bleu"], r["lr"]) for r in rows if r["method"] == method and r["best_rate"])
+        ax.plot([w for w, _, _ in best], [b for _, b, _ in best], marker="o", label=report.ARCH_NAMES.get(method, method))
+        for width, bleu, lr in best:
+            ax.annotate(f"{lr:g}", (width, bleu), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    widths = sorted({r["width"] for r in rows})
+    ax.set_xscale("log")
+    ax.set_xticks(widths, [f"d{w}" for w in widths])
+    ax.minorticks_off()
+    ax.set(xlabel="width (FFN 4x; 18L-18L, 1,500 updates)", ylabel="test BLEU at the best rate (label: lr)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.rename(path)
+
+
+def write_csv(path, fields, rows):
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    report.write_atomic(path, text.getvalue())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("records", nargs="+", help="results.jsonl files: the study's, then the small Table 1's")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        records = report.read_records(args.records)
+        widths, deep = width_rows(records), deep_rows(records)
+    except (OSError, ValueError) as err:
+        print(f"reach_tables: {err}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    note = "\n\nBold: the best cell of its width. `*`: width, lr and warm-up from what the small Table 1 ran.\n"
+    report.write_atomic(out / "width.md", width_markdown(widths) + note)
+    write_csv(out / "width.csv", WIDTH_FIELDS, widths)
+    report.write_atomic(out / "deep.md", deep_markdown(deep) + "\n")
+    write_csv(out / "deep.csv", DEEP_FIELDS, deep)
+    if widths:
+        width_plot(widths, out / "width.png")
+    print(width_markdown(widths) + "\n\n" + deep_markdown(deep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""docs/results/reach's tables: each method's best rate per width, the width's best cell, s/update of resumed
+stages, and the small Table 1's d64 records joined with what they ran."""
+
+import csv
+import json
+
+from conftest import ROOT
+
+from deepnet_experiments import reach_tables
+
+TABLE = [ROOT / "docs/results/multi30k_table/results.jsonl", ROOT / "docs/results/multi30k_table/results_source_init.jsonl"]
+
+
+def record(kind, variant, width, lr, updates, value, wall=None, layers=18, study="width"):
+    arch, init = ("deepnet", variant) if variant in ("paper", "source") else (variant, None)
+    run_dir = f"/work/runs/reach/{study}/d{width}/lr{lr}/{variant}/seed1/{layers}L-{layers}L"
+    run = {"seed": 1, "lr": lr, "warmup_updates": 100, "device": "cpu", "width": width, "precision": "fp32"}
+    r = {"kind": kind, "arch": arch, "deepnorm_init": init, "encoder_layers": layers, "decoder_layers": layers,
+         "run_dir": run_dir, "setup": "iwslt14_de_en", "run": run, "updates": updates}
+    if kind == "eval":
+        r.update(max_update=updates, bleu=value)
+    else:
+        r.update(valid_loss=value, wall_time_s=wall, peak_rss_mib=1000 + updates)
+    return r
+
+
+def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
+    records = [record("train", "source", 128, 0.0005, 1500, 4.9, wall=3000), record("eval", "source", 128, 0.0005, 1500, 30.0),
+               record("eval", "source", 128, 0.002, 1500, 25.0), record("eval", "preln", 128, 0.001, 1500, 31.0),
+               record("eval", "paper", 128, 0.002, 1500, 3.0)]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert reach_tables.main([str(path), *map(str, TABLE), "--out", str(tmp_path / "out")]) == 0
+    rows = {(r["width"], r["method"], r["lr"]): r for r in csv.DictReader((tmp_path / "out/width.csv").open())}
+    assert rows["128", "deepnet_source", "0.0005"]["best_rate"] == "True" and rows["128", "deepnet_source", "0.002"]["best_rate"] == "False"
+    assert rows["128", "deepnet_source", "0.0005"]["s_per_update"] == "2.0" and rows["128", "deepnet_source", "0.0005"]["valid_loss"] == "4.9"
+    assert [key for key, r in rows.items() if r["best_of_width"] == "True" and key[0] == "128"] == [("128", "preln", "0.001")]
+    # d64 at 2e-3: the small Table 1's seed 1 (source init 30.38 in the README's depth bullet is seeds 1-3; seed 1 here)
+    d64 = {key[1]: r for key, r in rows.items() if key[0] == "64"}
+    assert set(d64) == {"preln", "deepnet", "deepnet_source"} and {r["lr"] for r in d64.values()} == {"0.002"}
+    assert "*" in (tmp_path / "out/width.md").read_text() and (tmp_path / "out/width.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_resumed_stage_is_charged_its_own_updates(tmp_path):
+    records = [record("train", "source", 64, 0.002, 500, 6.0, wall=20000, layers=500, study="deep"),
+               record("train", "source", 64, 0.002, 1000, 5.0, wall=25000, layers=500, study="deep"),
+               record("eval", "source", 64, 0.002, 1000, 16.0, layers=500, study="deep")]
+    (row,) = reach_tables.deep_rows(records)
+    assert (row["depth"], row["updates"], row["bleu"], row["valid_loss"], row["s_per_update"], row["peak_rss_mib"]) == \
+        ("500L-500L", 1000, 16.0, 5.0, 50.0, 2000)
