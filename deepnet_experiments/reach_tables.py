@@ -23,13 +23,13 @@ from . import seeds_table
 
 METHODS = ("preln", "deepnet", "deepnet_source")  # Pre-LN, DeepNet's paper init, its source init
 TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # scripts/table1.sh, docs/setups.md
-WIDTH_FIELDS = ["width", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
+WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "peak_rss_mib", "run_dir"]
 
 
 def train_costs(records):
-    """(run_dir, updates) -> (s/update of the stage that ended there, peak RSS MiB): a stage resumed from an earlier
-    one is charged only its own updates."""
+    """(run_dir, updates) -> (s/update of the stage that ended there, peak RSS MiB): a resumed stage is charged only
+    its own updates (from its record's ``resumed_from``, or else the run's previous stage's end)."""
     stages = {}
     for r in records:
         if r.get("kind") == "train" and r.get("updates"):
@@ -39,32 +39,42 @@ def train_costs(records):
         trained.sort(key=lambda r: r["updates"])
         before = 0
         for r in trained:
-            done = r["updates"] - before
+            done = r["updates"] - (r["resumed_from"] if r.get("resumed_from") is not None else before)
             costs[run_dir, r["updates"]] = (round(r["wall_time_s"] / done, 2) if done > 0 else None, r.get("peak_rss_mib"))
             before = r["updates"]
     return costs
 
 
 def width_rows(records):
-    """One row per (width, method, lr) at 18L-18L, 1,500 updates, warm-up 100 (the latest evaluation wins)."""
+    """One row per (width, device, precision, method, lr) at 18L-18L, warm-up 100 (the latest evaluation wins): the CPU
+    runs' 1,500 updates, a GPU run's as far as it got. Best rates and cells are picked within a width, device and
+    precision, never across them."""
     costs = train_costs(records)
     latest = {}
     for run in seeds_table.runs(records, TABLE_RUN):
-        if run["method"] in METHODS and run["depth"] == "18L-18L" and run["updates"] == 1500 and run["warmup_updates"] == 100 and run["seed"] == 1:
-            latest[run["width"], run["method"], run["lr"]] = run
-    rows = [{"width": width, "method": method, "lr": lr, "bleu": run["bleu"], "valid_loss": run["valid_loss"],
-             "s_per_update": (costs.get((run["run_dir"], 1500)) or (None,))[0], "recorded": run["recorded"],
-             "run_dir": run["run_dir"]} for (width, method, lr), run in latest.items()]
+        if (run["method"] in METHODS and run["depth"] == "18L-18L" and run["warmup_updates"] == 100 and run["seed"] == 1
+                and (run["updates"] == 1500 or run["device"] == "cuda")):
+            latest[run["width"], run["device"], run["precision"], run["method"], run["lr"]] = run
+    rows = [{"width": width, "device": device, "precision": precision, "method": method, "lr": lr,
+             "updates": run["updates"], "bleu": run["bleu"], "valid_loss": run["valid_loss"],
+             "s_per_update": (costs.get((run["run_dir"], run["updates"])) or (None,))[0], "recorded": run["recorded"],
+             "run_dir": run["run_dir"]} for (width, device, precision, method, lr), run in latest.items()]
     for row in rows:
-        same = [r for r in rows if r["width"] == row["width"]]
+        same = [r for r in rows if (r["width"], r["device"], r["precision"]) == (row["width"], row["device"], row["precision"])]
         row["best_rate"] = row["bleu"] == max(r["bleu"] for r in same if r["method"] == row["method"])
         row["best_of_width"] = row["bleu"] == max(r["bleu"] for r in same)
-    return sorted(rows, key=lambda r: (r["width"], report.ARCH_ORDER.get(r["method"], 99), r["lr"]))
+    return sorted(rows, key=lambda r: (r["device"], r["width"], report.ARCH_ORDER.get(r["method"], 99), r["lr"]))
 
 
 def deep_rows(records, prefix="/reach/deep/"):
+    """The deep lane's evaluations, and its stages trained but not evaluated (the rate probe) with BLEU None."""
     costs = train_costs(records)
-    rows = []
+    evaluated = {(r["run_dir"], r["max_update"]) for r in records if r.get("kind") == "eval"}
+    rows = [{"depth": report.depth(r), "method": report.model_name(r), "lr": r["run"]["lr"], "updates": r["updates"],
+             "bleu": None, "valid_loss": r.get("valid_loss"), "s_per_update": costs[r["run_dir"], r["updates"]][0],
+             "peak_rss_mib": r.get("peak_rss_mib"), "run_dir": r["run_dir"]} for r in records
+            if r.get("kind") == "train" and prefix in r["run_dir"] and r.get("updates")
+            and r["updates"] == r["config"]["train"]["max_update"] and (r["run_dir"], r["updates"]) not in evaluated]
     for r in records:
         if r.get("kind") == "eval" and prefix in r["run_dir"]:
             spu, rss = costs.get((r["run_dir"], r["max_update"]), (None, None))
@@ -81,8 +91,8 @@ def cell(value, digits):
 
 
 def width_markdown(rows):
-    header = ["width", "method", "lr", "BLEU", "valid loss", "s/update", "best rate of the method"]
-    body = [[f"d{r['width']}", report.ARCH_NAMES.get(r["method"], r["method"]), f"{r['lr']:g}",
+    header = ["width", "run on", "updates", "method", "lr", "BLEU", "valid loss", "s/update", "best rate of the method"]
+    body = [[f"d{r['width']}", f"{r['device']}, {r['precision']}", str(r["updates"]), report.ARCH_NAMES.get(r["method"], r["method"]), f"{r['lr']:g}",
              ("**" + cell(r["bleu"], 2) + "**" if r["best_of_width"] else cell(r["bleu"], 2)) + ("" if r["recorded"] else "*"),
              cell(r["valid_loss"], 3), cell(r["s_per_update"], 2), "yes" if r["best_rate"] else ""] for r in rows]
     return report.markdown(header, body)
@@ -104,15 +114,19 @@ def width_plot(rows, path):
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for method in sorted({r["method"] for r in rows}, key=lambda m: report.ARCH_ORDER.get(m, 99)):
-        best = sorted((r["width"], r["bleu"], r["lr"]) for r in rows if r["method"] == method and r["best_rate"])
-        ax.plot([w for w, _, _ in best], [b for _, b, _ in best], marker="o", label=report.ARCH_NAMES.get(method, method))
-        for width, bleu, lr in best:
-            ax.annotate(f"{lr:g}", (width, bleu), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for device, style in (("cpu", "-"), ("cuda", "--")):
+            best = sorted((r["width"], r["bleu"], r["lr"]) for r in rows
+                          if r["method"] == method and r["best_rate"] and r["device"] == device)
+            if best:
+                ax.plot([w for w, _, _ in best], [b for _, b, _ in best], style, marker="o",
+                        label=f"{report.ARCH_NAMES.get(method, method)} ({device})")
+            for width, bleu, lr in best:
+                ax.annotate(f"{lr:g}", (width, bleu), textcoords="offset points", xytext=(4, 4), fontsize=7)
     widths = sorted({r["width"] for r in rows})
     ax.set_xscale("log")
     ax.set_xticks(widths, [f"d{w}" for w in widths])
     ax.minorticks_off()
-    ax.set(xlabel="width (FFN 4x; 18L-18L, 1,500 updates)", ylabel="test BLEU at the best rate (label: lr)")
+    ax.set(xlabel="width (FFN 4x; 18L-18L; CPU fp32 1,500 updates, GPU fp16 as recorded)", ylabel="test BLEU at the best rate (label: lr)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -31,7 +31,8 @@ def checkpoint_facts(path):
              "encoder_layers": model.get("encoder_layers"), "decoder_layers": model.get("decoder_layers"),
              "lr": cfg["optimization"]["lr"][0], "warmup_updates": cfg["lr_scheduler"].get("warmup_updates"),
              "seed": cfg["common"]["seed"], "precision": precision(cfg["common"]),
-             "updates": history[-1].get("num_updates")}
+             "updates": history[-1].get("num_updates"),
+             "valid_loss": (state.get("extra_state") or {}).get("val_loss")}  # of the validation before the save
     if str(model.get("arch", "")).startswith("deepnet_transformer"):
         config = DeepNetConfig.from_namespace(state["cfg"]["model"])
         facts["init"] = str(config.deepnorm_init)

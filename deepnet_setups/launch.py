@@ -214,11 +214,15 @@ def config_block(cfg, arch):
     return {"data": {**data, "work": cfg["paths"]["work"]}, "model": model, "train": cfg["train"]}
 
 
+def last_checkpoint(folder):
+    return folder / "checkpoints" / "checkpoint_last.pt"
+
+
 def run_facts(folder, cfg, arch, layers, updates):
     """The run's facts: from its checkpoint_last.pt (the options fairseq-train resolved, read by the plugin) where
     it saved one, else what the launcher gave fairseq-train (a --no-save run; a shape the size variant sets is
     then unknown)."""
-    last = folder / "checkpoints" / "checkpoint_last.pt"
+    last = last_checkpoint(folder)
     if last.exists():
         from deepnet_fairseq.run_facts import checkpoint_facts  # imports fairseq: at run time only
 
@@ -332,6 +336,8 @@ def main(argv=None):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.resolved.json").write_text(json.dumps(cfg, indent=1))
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+        # where a resumed run starts: its record's wall time is for the updates after it
+        resumed_from = run_facts(folder, cfg, opts.arch, layers, None)["updates"] if last_checkpoint(folder).exists() else None
         start = time.time()
         print("[train] " + " ".join(shlex.quote(c) for c in cmds[0]), flush=True)
         log_stats = TrainLogStats()
@@ -347,8 +353,11 @@ def main(argv=None):
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
                   # the largest resident set of any process this launcher waited for (Linux reports KiB)
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
-                  "config": config_block(cfg, opts.arch)}
+                  "config": config_block(cfg, opts.arch), "resumed_from": resumed_from}
         facts = run_facts(folder, cfg, opts.arch, layers, stats["updates"])
+        # a run with nothing left to train logs no losses: its checkpoint says where it stands
+        for key in ("updates", "valid_loss"):
+            record[key] = record[key] if record[key] is not None else facts.get(key)
         device, gpu, facts["precision"] = device_of(not opts.cpu, facts.get("precision") or cfg["train"]["precision"])
         record.update(run=records.run_block(opts.arch, facts, device, gpu, cmds[0]),
                       deepnorm=facts.get("deepnorm"), deepnorm_init=facts.get("init"))

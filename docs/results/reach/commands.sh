@@ -9,7 +9,8 @@ usage() {
   cat <<'USAGE'
 Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-dir DIR]
 
-  LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), lr 2e-3, warm-up 100, source init: 500L-500L to 500 and
+  LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3 and 2e-3
+                    to 300 updates (the probe); at the rate with the lower valid loss, the probe continues to 500 and
                     1,000 updates, then 100L-100L and 50L-50L likewise; Pre-LN and Post-LN at 500L-500L to 200
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), then at d256 (FFN 1,024) each method's best d128 rate and the next lower
@@ -19,8 +20,8 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-d
   --widths  the width lane's widths, in order (default 128,256,64)
   --runs    run folders, prepared data and records (default: /work/runs)
   --raw-dir raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
-The deep lane's rate is the stability map's deepest row: at 50L-50L the source init learns best at 2e-3
-(docs/figures/stability_map.csv: valid NLL 6.30 bits after 200 updates, against 6.84 at 1e-3 and 7.30 at 4e-3).
+The probe's rates are the stability map's two best for the source init at its deepest row (50L-50L, 200 updates:
+valid NLL 6.30 bits at 2e-3, 6.84 at 1e-3; docs/figures/stability_map.csv).
 USAGE
 }
 
@@ -44,8 +45,10 @@ if [ "$lane" = tables ]; then
   [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
   cp "$records" "$committed"
   "$root/scripts/report" "$committed" --out-dir "$here"
-  "$py" -m deepnet_experiments.reach_tables "$committed" "$root/docs/results/multi30k_table/results.jsonl" \
-    "$root/docs/results/multi30k_table/results_source_init.jsonl" --out "$here"
+  # the lent GPU's runs (gpu.sh), where copied here: rows of their own (device cuda, fp16)
+  gpu=(); while IFS= read -r found; do gpu+=("$found"); done < <(find "$here/gpu" -name results.jsonl 2>/dev/null | sort)
+  "$py" -m deepnet_experiments.reach_tables "$committed" ${gpu[@]+"${gpu[@]}"} \
+    "$root/docs/results/multi30k_table/results.jsonl" "$root/docs/results/multi30k_table/results_source_init.jsonl" --out "$here"
   exit 0
 fi
 prepare_multi30k
@@ -72,12 +75,47 @@ width_stage() {  # width_stage WIDTH RATE VARIANT
     "train.lr=$2" train.warmup_updates=100
 }
 
+deep=(train.warmup_updates=100 train.validate_interval_updates=100)
+PROBE_UPDATES=300
+# probe RATE: the 500L-500L source init trained to PROBE_UPDATES at RATE, not evaluated (its valid loss picks the
+# rate); skipped where its folder or a record says it was trained
+probe() {
+  local dir=$runs/reach/deep/lr$1/source/seed1/500L-500L
+  if "$py" - "$records" "$dir" "$PROBE_UPDATES" <<'PY'
+import sys
+from deepnet_setups.report import read_records
+records, run_dir, updates = sys.argv[1:]
+sys.exit(not any(r.get("kind") == "train" and r["run_dir"] == run_dir and (r.get("updates") or 0) >= int(updates)
+                 for r in read_records([records])))
+PY
+  then say "$dir: probe already trained"; return; fi
+  say "$dir: probe to $PROBE_UPDATES updates"
+  "$root/scripts/train_iwslt.sh" --arch deepnet --layers 500,500 --cpu --run-dir "$dir" "${data[@]}" "${model[@]}" \
+    "${deep[@]}" "train.lr=$1" model.deepnorm_init=source train.seed=1 "train.max_update=$PROBE_UPDATES"
+}
+# the probed rate whose 500L-500L run had the lowest valid loss at the probe's end
+probed_rate() {
+  "$py" - "$records" "$runs/reach/deep" "$PROBE_UPDATES" <<'PY'
+import sys
+from deepnet_setups.report import read_records
+records, deep, updates = sys.argv[1:]
+loss = {r["run_dir"]: r["valid_loss"] for r in read_records([records]) if r.get("kind") == "train"
+        and r["run_dir"].startswith(deep + "/lr") and r["run_dir"].endswith("/source/seed1/500L-500L")
+        and r.get("updates") == int(updates) and r.get("valid_loss") is not None}
+print(min(loss, key=loss.get).split("/")[-4].removeprefix("lr") if loss else "")
+PY
+}
+
 case "$lane" in
   deep)
+    for rate in 1e-3 2e-3; do probe "$rate"; done
+    rate=$(probed_rate)
+    [ -n "$rate" ] || { echo "commands.sh: no probe record with a valid loss at $PROBE_UPDATES updates" >&2; exit 1; }
+    say "500L-500L goes on at lr $rate"
     for layers in 500,500 100,100 50,50; do for updates in 500 1000; do
-      stage reach/deep source 1 "$layers" "$updates" "${short[@]}" train.validate_interval_updates=100
+      stage "reach/deep/lr$rate" source 1 "$layers" "$updates" "${deep[@]}" "train.lr=$rate"
     done; done
-    for variant in preln postln; do stage reach/deep "$variant" 1 500,500 200 "${short[@]}" train.validate_interval_updates=100; done ;;
+    for variant in preln postln; do stage "reach/deep/lr$rate" "$variant" 1 500,500 200 "${deep[@]}" "train.lr=$rate"; done ;;
   width)
     for width in ${widths//,/ }; do
       for variant in source preln paper; do

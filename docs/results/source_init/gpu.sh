@@ -18,6 +18,7 @@ Usage: docs/results/source_init/gpu.sh OUT [--raw-dir DIR] [KEY=VALUE ...]
 Environment:
   UPDATES     updates per run (default 1000)
   VARIANTS    which of paper, source, preln (default: all three)
+  LAYERS      encoder,decoder layers (default 50,50)
   TRAIN_MINUTES  stop each run's training after this many minutes (fairseq's --stop-time-hours) if it has not
               reached UPDATES by then, so that the evaluation still fits the device call; the eval record's
               `updates` says how far each got (default: no limit)
@@ -54,7 +55,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4)
   short+=(train.max_update=20 train.save_interval_updates=5)
 else
-  device=(--gpus 1) eval_device=() layers=50,50  # fp16 is the setups' default on GPU; evaluate.sh uses the GPU
+  device=(--gpus 1) eval_device=() layers=${LAYERS:-50,50}  # fp16 is the setups' default on GPU; evaluate.sh uses the GPU
   model=(model.embed_dim=256 model.ffn_dim=1024 model.heads=4)
 fi
 if [ -n "${TRAIN_MINUTES:-}" ]; then
