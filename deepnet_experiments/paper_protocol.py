@@ -33,7 +33,7 @@ loss in the train record). Records go to RUNS/results.jsonl. Every step skips fi
 rerunning the same command continues an interrupted protocol.
 
 The only departures from configs/iwslt14_de_en.yaml (the table's CPU-sized model, as in
-docs/setups.md "A small Table 1"): d64, FFN 256, 4 heads, dropout 0.1, 2,000 tokens per batch,
+docs/results/multi30k_table/README.md): d64, FFN 256, 4 heads, dropout 0.1, 2,000 tokens per batch,
 a checkpoint every 100 updates (for the last-5 average), Multi30k instead of IWSLT-14; and DeepNet
 with the paper's init (model.deepnorm_init=paper; the config's default is the source init).
 

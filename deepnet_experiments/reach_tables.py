@@ -22,7 +22,7 @@ from deepnet_setups import report
 from . import seeds_table
 
 METHODS = ("preln", "deepnet", "deepnet_source")  # Pre-LN, DeepNet's paper init, its source init
-TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # scripts/table1.sh, docs/setups.md
+TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # docs/results/multi30k_table/README.md
 WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "peak_rss_mib", "run_dir"]
 

@@ -24,7 +24,7 @@ PREEMPTED_MARKER = f"exiting with status {PREEMPTED_EXIT_STATUS}"  # fairseq-tra
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 # The standard small model shapes, as fairseq options. tiny: DeepNet Fig. 5's 64-128-2 (the demo, the
-# sweeps, the stability map); table: the CPU-sized small Table 1's 64-256-4 (docs/setups.md).
+# sweeps, the stability map); table: the CPU-sized small Table 1's 64-256-4 (docs/results/multi30k_table/README.md).
 SHAPES = {
     "tiny": {"encoder_embed_dim": 64, "decoder_embed_dim": 64, "encoder_ffn_embed_dim": 128,
              "decoder_ffn_embed_dim": 128, "encoder_attention_heads": 2, "decoder_attention_heads": 2},

@@ -8,7 +8,7 @@ py=${PYTHON:-$root/.venv/bin/python}
 work=$runs/work/multi30k_de_en
 data=(data.layout=plain "data.train=[train]" "data.valid=[valid]" "data.test=[test2016]"
       "paths.work=$work" "paths.results=$records")
-# the small Table 1's model and batch (docs/setups.md)
+# the small Table 1's model and batch (docs/results/multi30k_table/README.md)
 model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4 train.dropout=0.1 train.max_tokens=2000
        train.batch_tokens=2000 train.save_interval_updates=100 eval.average_last=5 eval.max_len_a=1.2 eval.max_len_b=10)
 short=(train.lr=2e-3 train.warmup_updates=100)

@@ -49,6 +49,7 @@ if [ "$lane" = tables ]; then
   gpu=(); while IFS= read -r found; do gpu+=("$found"); done < <(find "$here/gpu" -name results.jsonl 2>/dev/null | sort)
   "$py" -m deepnet_experiments.reach_tables "$committed" ${gpu[@]+"${gpu[@]}"} \
     "$root/docs/results/multi30k_table/results.jsonl" "$root/docs/results/multi30k_table/results_source_init.jsonl" --out "$here"
+  "$py" -m deepnet_experiments.pages sync "$here/README.md"
   exit 0
 fi
 prepare_multi30k

@@ -48,10 +48,11 @@ if [ "$lane" = tables ]; then
   [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
   cp "$records" "$here/results.jsonl"
   "$root/scripts/report" "$here/results.jsonl" --out-dir "$here"
-  # seed 1 is the small Table 1 (docs/setups.md): lr 2e-3, warm-up 100, the launcher's seed 1
+  # seed 1 is the small Table 1 (docs/results/multi30k_table/README.md): lr 2e-3, warm-up 100, the launcher's seed 1
   "$py" -m deepnet_experiments.seeds_table "$root/docs/results/multi30k_table/results.jsonl" \
     "$root/docs/results/multi30k_table/results_source_init.jsonl" "$here/results.jsonl" --out "$here" \
     --unrecorded seed=1,lr=0.002,warmup_updates=100,width=64
+  "$py" -m deepnet_experiments.pages tables && "$py" -m deepnet_experiments.pages sync "$here/README.md"
   exit 0
 fi
 prepare_multi30k

@@ -4,7 +4,7 @@
 # 100), the three side by side on one GPU (a step at this size leaves the GPU mostly idle), then the three
 # evaluated side by side (fairseq BLEU on test2016, last 5 checkpoints averaged). Records (BLEU, valid loss, lr,
 # warm-up, init, seed) go to OUT/results.jsonl; `python -m deepnet_experiments.seeds_table OUT/results.jsonl
-# --out DIR` tabulates them. Run in session 17: docs/results/source_init/README.md ("GPU").
+# --out DIR` tabulates them. Results: docs/results/source_init/README.md ("GPU").
 set -euo pipefail
 
 usage() {
@@ -24,7 +24,7 @@ Environment:
               `updates` says how far each got (default: no limit)
   SMOKE=1     the same steps on CPU: 2L-2L d64, 20 updates, 3,000 training lines (no GPU needed)
 On the project's GPU machine: source .device/setup.sh first (../shared/device/README.md). Measured on one H200
-(session 17): three 50L-50L runs side by side train at 1.4-2.1 updates/s each, so 1,000 updates take about 10
+(the runs in gpu/): three 50L-50L runs side by side train at 1.4-2.1 updates/s each, so 1,000 updates take about 10
 minutes, and the three evaluations about 1 minute; a rerun on a still-warm machine resumes each run from its
 checkpoint_last.pt and skips an evaluated one. docs/results/source_init/README.md has the command as run.
 USAGE

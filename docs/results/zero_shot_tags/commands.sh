@@ -63,3 +63,5 @@ case "$phase" in
   long)   "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds "$seeds" --stages 1500,3000 \
             --out "$here/long" ;;
 esac
+# the page's tables, cut from the records just written, and the page's blocks refreshed from them
+[ ${#dry[@]} -gt 0 ] || { "${study[0]}" -m deepnet_experiments.pages tables && "${study[0]}" -m deepnet_experiments.pages sync "$here/README.md"; }

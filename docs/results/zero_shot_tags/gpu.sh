@@ -4,7 +4,7 @@
 # (fp32, as on CPU), each its own seed, each the remedies in turn (1,500 updates a run; a run the committed records
 # hold is skipped). Stops them at a deadline and keeps the records; run it again on the same machine and it
 # continues (the runs resume from checkpoint_last.pt).
-# Measured there (session 20, six at once): 4.2-5.4 updates/s each before ROBT starts at update 750, 1.3-1.6 after,
+# Measured there (one H200, six at once): 4.2-5.4 updates/s each before ROBT starts at update 750, 1.3-1.6 after,
 # so about 11 minutes to 1,500 updates plus the evaluations: more than one 10-minute device call; give the first
 # call DEADLINE_S 480 and rerun at once while the machine is warm (or fewer runs a call: ARCHS, SEEDS).
 set -euo pipefail
