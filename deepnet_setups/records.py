@@ -184,6 +184,19 @@ def migrate(record, records_file):
     return record
 
 
+def with_training_device(records):
+    """Evaluations whose run folder kept no run.json (trained by a launcher older than it) know no training device:
+    the same run folder's train record in the file says where it trained, and with what command."""
+    trained = {r["run_dir"]: r["run"] for r in records if r.get("kind") == "train" and r.get("run")}
+    out = []
+    for r in records:
+        source = trained.get(r.get("run_dir"))
+        if r.get("kind") == "eval" and source and r["run"].get("device") is None:
+            r = dict(r, run={**r["run"], **{key: source.get(key) for key in ("device", "gpu", "command")}})
+        out.append(r)
+    return out
+
+
 def read(path):
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -197,7 +210,7 @@ def main(argv=None):
     for path in opts.files:
         records = read(path)
         if opts.action == "migrate":
-            migrated = [migrate(r, path) for r in records]
+            migrated = with_training_device([migrate(r, path) for r in records])
             changed = sum(a != b for a, b in zip(records, migrated))
             Path(path).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in migrated), encoding="utf-8")
             print(f"{path}: {changed} of {len(records)} records migrated")

@@ -44,6 +44,7 @@ source "$root/scripts/lib/multi30k_study.sh"
 if [ "$lane" = tables ]; then
   [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
   cp "$records" "$committed"
+  "$py" -m deepnet_setups.records migrate "$committed"  # a record an older launcher wrote, brought to the schema
   "$root/scripts/report" "$committed" --out-dir "$here"
   # the lent GPU's runs (gpu.sh), where copied here: rows of their own (device cuda, fp16)
   gpu=(); while IFS= read -r found; do gpu+=("$found"); done < <(find "$here/gpu" -name results.jsonl 2>/dev/null | sort)
