@@ -9,7 +9,7 @@ export MKL_NUM_THREADS ?= 1
 .PHONY: install demo test test-slow test-all clean help
 
 help:
-	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet at equal depth on an embedded task"
+	@echo "make demo   - set up, then train Post-LN / Pre-LN / DeepNet (paper and source init) at equal depth on an embedded task"
 	@echo "make test   - set up, then run the test suite without the tests marked slow (about 4 minutes on 2 cores)"
 	@echo "make test-slow - only the tests marked slow: multi-process, fault-injection, inductor and full-pipeline runs (OPUS-100, WMT-17, two nodes, kill -9, the demo, ...); CI runs them after make test"
 	@echo "make test-all - both"

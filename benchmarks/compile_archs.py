@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+import deepnet_methods
 from deepnet_setups import runner
 
 from .common import ROOT, machine, write_json
@@ -57,8 +58,9 @@ def prepare(work):
 
 
 def pre_ln(arch):
-    """The layer-class models that are Pre-LN only with the normalize-before flags."""
-    return arch in ("preln_transformer", "normformer_transformer", "subln_transformer")
+    """Whether the arch's method is Pre-LN: the command line then keeps its normalize-before flags on."""
+    method = deepnet_methods.of_arch(arch)
+    return bool(method and method.pre_ln)
 
 
 def train(arch, data, run_dir, args, compiled):

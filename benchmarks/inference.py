@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
+import deepnet_methods
 from deepnet_setups import runner
 
-from .common import ROOT, fuse_deepnorm_residual, machine, quiet_fairseq, summarize, write_json
+from .common import BASELINE, ROOT, fuse_deepnorm_residual, machine, quiet_fairseq, summarize, write_json
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k_de_en"
 SLICE = (("train", "train", 3000), ("valid", "valid", 200), ("test", "test2016", 100))
-ARCHS = ("transformer", "deepnet_transformer")  # baseline first
+ARCHS = (BASELINE, deepnet_methods.METHODS["deepnet"].arch())  # baseline first
 
 
 def run(cmd, log):

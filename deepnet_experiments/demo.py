@@ -1,6 +1,7 @@
 """``make demo``: at one depth, Post-LN stalls where DeepNet trains.
 
-Trains Post-LN (fairseq's ``transformer``), Pre-LN and DeepNet at the same depth, learning rate,
+Trains Post-LN (fairseq's ``transformer``), Pre-LN, and DeepNet with the paper's init and with the init the README
+recommends (``--deepnorm-init source``) at the same depth, learning rate,
 warm-up and seed through the real ``fairseq-train``, on the package's reverse-and-map task
 (``deepnet_experiments/synthetic.py``: reverse a sentence of 3-10 words and translate every word through
 a fixed 16-word lexicon) or, with ``--raw-dir``, on real parallel text. It prints one line per model
@@ -18,10 +19,16 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import runner
 from .synthetic import write_reverse_map_task
 
-ARCHS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}
+INITS = ("paper", "source")  # DeepNet's: the paper's and the one the README recommends
+# label -> (fairseq arch, more fairseq-train options): the paper's three methods, one taking inits at each of INITS
+MODELS = {deepnet_methods.label(f"{m.name}_{init}") if init else m.label:
+          (m.arch(), {"deepnorm_init": init} if init else {})
+          for m in deepnet_methods.methods(zoo=False) for init in (INITS if m.inits else (None,))}
+LABEL_WIDTH = max(map(len, MODELS))
 SHAPE = runner.SHAPES["tiny"]
 WIDTH = f"d{SHAPE['encoder_embed_dim']}"
 TASK_VOCAB, TASK_LENGTHS = 16, (3, 10)
@@ -40,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=100, help="warm-up updates, inverse-sqrt after (default: %(default)s)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--jobs", type=int, default=3, help="models trained at once, one thread each (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=4, help="models trained at once, one thread each (default: %(default)s)")
     p.add_argument("--out", default="demo_out", help="output folder (default: %(default)s)")
     args = p.parse_args(argv)
     for name in ("train_pairs", "layers", "updates", "jobs", "warmup"):
@@ -93,7 +100,7 @@ def binarise(text, src, tgt, out):
     return dest
 
 
-def train(args, data, arch, run_dir):
+def train(args, data, arch, extra, run_dir):
     """One fairseq-train run (skipped if ``run_dir`` holds a finished one); returns its per-update records,
     the held-out record and a divergence reason."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +112,7 @@ def train(args, data, arch, run_dir):
                "report_accuracy": True, "diag_update_norm_interval": 10, "divergence_guard": True,
                "max_tokens": 1000, "max_update": args.updates, "seed": args.seed, **runner.CPU_LOG_EVERY_UPDATE,
                "validate_interval": 100000, "no_save": True,
-               "save_dir": run_dir / "checkpoints"}  # fairseq probes its save dir even with --no-save: one per run
+               "save_dir": run_dir / "checkpoints", **extra}  # fairseq probes its save dir even with --no-save
     cmd = runner.fairseq_command("fairseq-train", data, options)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     rc = runner.run_quiet(cmd, run_dir / "train.log")
@@ -134,13 +141,13 @@ def at(values, update):
 
 def table(results, updates, entropy):
     marks = sorted({u for u in (10, updates // 4, updates // 2, 3 * updates // 4) if 10 <= u < updates} | {updates})
-    head = f"{'model':8} {'metric':26}" + "".join(f"{'@' + str(u):>8}" for u in marks) + "   held-out accuracy"
+    head = f"{'model':{LABEL_WIDTH}} {'metric':26}" + "".join(f"{'@' + str(u):>8}" for u in marks) + "   held-out accuracy"
     lines = [head, "-" * len(head)]
     for label, r in results.items():
         held = "diverged" if r["diverged"] else f"{r['heldout']:.1f}%"
         for key, name in (("loss", "train loss (bits/token)"), ("update_norm", "||F(x,t)-F(x,0)||")):
             cells = "".join(f"{at(r['curves'][key], u):8.3f}" for u in marks)
-            lines.append(f"{label:8} {name:26}{cells}   {held if key == 'loss' else ''}")
+            lines.append(f"{label:{LABEL_WIDTH}} {name:26}{cells}   {held if key == 'loss' else ''}")
     lines.append(f"(a model that ignores the source scores {entropy:.2f} bits/token: the targets' unigram entropy)")
     return "\n".join(lines)
 
@@ -182,13 +189,15 @@ def main(argv=None):
     entropy = unigram_entropy(text / f"train.{tgt}")
     title = f"real text ({Path(args.raw_dir).name})" if args.raw_dir else "reverse-and-map task (16 words)"
     depth = f"{args.layers}L-{args.layers}L"
-    print(f"demo: {title}; Post-LN, Pre-LN and DeepNet at {depth} {WIDTH}, {args.updates} updates each, "
+    print(f"demo: {title}; {' / '.join(MODELS)} at {depth} {WIDTH}, {args.updates} updates each, "
           f"lr {args.lr:g}, {args.warmup} warm-up updates, seed {args.seed}", flush=True)
 
-    def one(arch):
+    def one(label):
         t0 = time.time()
-        name = f"{arch}_L{args.layers}_u{args.updates}_lr{args.lr:g}_w{args.warmup}_s{args.seed}"
-        inner, valid, reason = train(args, data, arch, out / "runs" / name)
+        arch, extra = MODELS[label]
+        init = f"_{extra['deepnorm_init']}" if "deepnorm_init" in extra else ""
+        name = f"{arch}{init}_L{args.layers}_u{args.updates}_lr{args.lr:g}_w{args.warmup}_s{args.seed}"
+        inner, valid, reason = train(args, data, arch, extra, out / "runs" / name)
         # the probe runs before an update's forward: the value logged at update u is the model after u - 1
         r = {"curves": {"loss": series(inner, "loss"), "update_norm": series(inner, "update_norm", shift=-1)},
              "diverged": bool(reason),
@@ -197,11 +206,11 @@ def main(argv=None):
         r["final_loss"] = None if reason or not tail else round(sum(tail) / len(tail), 4)
         outcome = f"diverged: {reason}" if reason else (
             f"final loss {r['final_loss']:.3f} bits/token, held-out accuracy {r['heldout']:.1f}%")
-        print(f"  {ARCHS[arch]:8} {depth}: {outcome} ({time.time() - t0:.0f} s)", flush=True)
+        print(f"  {label:{LABEL_WIDTH}} {depth}: {outcome} ({time.time() - t0:.0f} s)", flush=True)
         return r
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = dict(zip(ARCHS.values(), pool.map(one, ARCHS)))
+        results = dict(zip(MODELS, pool.map(one, MODELS)))
     report = table(results, args.updates, entropy)
     print("\n" + report)
     (out / "comparison.txt").write_text(report + "\n", encoding="utf-8")

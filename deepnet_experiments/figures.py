@@ -29,6 +29,7 @@ from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import runner
 
 from . import sweep
@@ -45,7 +46,8 @@ FIG3_RUNS = (  # name, arch, warm-up updates, label
 PRELN = "preln_transformer_iwslt_de_en"
 SHAPE = runner.SHAPES["tiny"]  # sweep.train_one's with tiny=True
 CAP = math.sqrt(2 * SHAPE["decoder_embed_dim"])  # the LayerNorm-ed probe's norm for uncorrelated outputs
-FAMILY = {"transformer_iwslt_de_en": "postln", "deepnet_transformer_iwslt_de_en": "deepnet"}
+FIG5 = ("postln", "deepnet")  # method-list: chosen (DeepNet's Fig. 5 sets these two side by side)
+FAMILY = {deepnet_methods.METHODS[name].arch(sweep.SIZE): name for name in FIG5}  # Fig. 5's arch -> its method
 
 
 def parse_args(argv):
@@ -165,7 +167,7 @@ def write_outputs(figures, fig5, fig3, setting):
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     cmap = plt.get_cmap("viridis")
-    for ax, family, title in zip(axes, ("postln", "deepnet"), ("Post-LN", "DeepNet")):
+    for ax, family in zip(axes, FIG5):
         for i, depth in enumerate(setting["depths"]):
             series = next(s for f_, d, s in fig5 if f_ == family and d == depth)
             xs = sorted(series)
@@ -173,7 +175,7 @@ def write_outputs(figures, fig5, fig3, setting):
                     label=f"{depth}L-{depth}L")
         ax.axhline(CAP, color="grey", ls=":", lw=1)
         ax.text(0, CAP, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
-        ax.set(title=title, xlabel="update", yscale="log")
+        ax.set(title=deepnet_methods.label(family), xlabel="update", yscale="log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("||F(x,θ_t) − F(x,θ_0)||")

@@ -26,29 +26,40 @@ from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import deepnet_methods
+
 from . import figures, plateau, stability_map, sweep
 
-# name -> (label, arch, more fairseq-train options, or a function of the depth giving them);
-# "postln" is the bound's reference only
-VARIANTS = {
-    "postln": ("Post-LN (fairseq transformer)", "transformer_iwslt_de_en", {}),
-    "paper": ("DeepNet, paper init", "deepnet_transformer_iwslt_de_en", {}),
-    "self_attn": ("decoder self-attn v/out at gain 1", "deepnet_transformer_iwslt_de_en",
-                  {"deepnorm_gains": "decoder_self_attn=1"}),
-    "cross_attn": ("decoder cross-attn v/out at gain 1", "deepnet_transformer_iwslt_de_en",
-                   {"deepnorm_gains": "decoder_cross_attn=1"}),
-    "ffn": ("decoder FFN at gain 1", "deepnet_transformer_iwslt_de_en", {"deepnorm_gains": "decoder_ffn=1"}),
-    "encoder_beta1": ("encoder beta 1", "deepnet_transformer_iwslt_de_en", {"deepnorm_encoder_beta": 1}),
-    "decoder_beta1": ("decoder beta 1", "deepnet_transformer_iwslt_de_en", {"deepnorm_decoder_beta": 1}),
-    "cross_attn_last": ("last layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
-                        {"deepnorm_gains": "decoder_cross_attn[-1]=1"}),
-    "cross_attn_first": ("first layer's cross-attn at gain 1", "deepnet_transformer_iwslt_de_en",
-                         {"deepnorm_gains": "decoder_cross_attn[0]=1"}),
-    "encoder_beta_quarter": ("encoder beta a quarter of the paper's", "deepnet_transformer_iwslt_de_en",
+# DeepNet's ablations: name -> (label, more fairseq-train options, or a function of the depth giving them). A method of
+# deepnet_methods (postln, the default) is a reference of the bound only: fairseq's arch of it, as it comes.
+ABLATIONS = {
+    "paper": (deepnet_methods.label("deepnet", init_named=True), {}),
+    "self_attn": ("decoder self-attn v/out at gain 1", {"deepnorm_gains": "decoder_self_attn=1"}),
+    "cross_attn": ("decoder cross-attn v/out at gain 1", {"deepnorm_gains": "decoder_cross_attn=1"}),
+    "ffn": ("decoder FFN at gain 1", {"deepnorm_gains": "decoder_ffn=1"}),
+    "encoder_beta1": ("encoder beta 1", {"deepnorm_encoder_beta": 1}),
+    "decoder_beta1": ("decoder beta 1", {"deepnorm_decoder_beta": 1}),
+    "cross_attn_last": ("last layer's cross-attn at gain 1", {"deepnorm_gains": "decoder_cross_attn[-1]=1"}),
+    "cross_attn_first": ("first layer's cross-attn at gain 1", {"deepnorm_gains": "decoder_cross_attn[0]=1"}),
+    "encoder_beta_quarter": ("encoder beta a quarter of the paper's",
                              lambda depth: {"deepnorm_encoder_beta": f"{quarter_encoder_beta(depth):.6f}"}),
     "source": ("--deepnorm-init source (both: encoder beta / 4, last layer's cross-attn at gain 1)",
-               "deepnet_transformer_iwslt_de_en", {"deepnorm_init": "source"}),
+               {"deepnorm_init": "source"}),
 }
+REFERENCE = deepnet_methods.METHODS["postln"]  # every bound is given as a multiple of Post-LN's
+
+
+def spec(name):
+    """(label, fairseq arch, options) of an ablation, or of a method as the bound's reference."""
+    if name in ABLATIONS:
+        label, options = ABLATIONS[name]
+        return label, deepnet_methods.METHODS["deepnet"].arch(sweep.SIZE), options
+    method = deepnet_methods.METHODS[name]
+    return f"{method.label} (fairseq {method.arch()})", method.arch(sweep.SIZE), {}
+
+
+def variant_names():
+    return [*deepnet_methods.names(), *ABLATIONS]
 
 
 def quarter_encoder_beta(depth):
@@ -68,16 +79,18 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="work folder (finished runs are kept and skipped)")
     p.add_argument("--raw-dir", default=str(sweep.DEFAULT_RAW), help="raw Multi30k de-en (default: %(default)s)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="of %(default)s")
+    p.add_argument("--variants", default=",".join([REFERENCE.name, *ABLATIONS]),
+                   help=f"of {', '.join(variant_names())}; a method is a reference of the bound only "
+                        "(default: %(default)s)")
     p.add_argument("--depths", default="6,18,50,100", help="depths of the bound's runs (default: %(default)s)")
     p.add_argument("--parts", default="source,bound", help="which measurements (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each (default: %(default)s)")
     p.add_argument("--csv", help="also write every measured value here (part, variant, depth, quantity, update, value)")
     args = p.parse_args(argv)
     args.variants = sweep.parse_list(args.variants, str, "--variants")
-    unknown = [v for v in args.variants if v not in VARIANTS]
+    unknown = [v for v in args.variants if v not in variant_names()]
     if unknown:
-        p.error(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+        p.error(f"unknown variant(s) {unknown}; known: {', '.join(variant_names())}")
     args.depths = sweep.parse_list(args.depths, int, "--depths")
     args.parts = sweep.parse_list(args.parts, str, "--parts")
     return args
@@ -85,12 +98,11 @@ def parse_args(argv):
 
 def source_run(args, data, variant):
     """The 18L-18L map cell for ``variant``: {quantity: {update: value}}."""
-    _, arch, options = VARIANTS[variant]
+    options = ABLATIONS[variant][1]
     options = options(SOURCE_CELL["depth"]) if callable(options) else options
     out = Path(args.out) / "source" / variant
     cell = Namespace(out=out, max_tokens=1000, updates=SOURCE_CELL["updates"], probe_every=SOURCE_CELL["probe_every"],
                      seed=1, options=options)
-    assert arch == stability_map.METHODS["deepnet"][0]
     name, result, curves = stability_map.run_cell(cell, data, "deepnet", SOURCE_CELL["depth"], SOURCE_CELL["lr"],
                                                   SOURCE_CELL["warmup"])
     values = plateau.series(curves)
@@ -100,7 +112,7 @@ def source_run(args, data, variant):
 
 def bound_run(args, data, variant, depth):
     """{updates taken: model update} over the first 50 updates, Fig. 5's setting."""
-    _, arch, options = VARIANTS[variant]
+    _, arch, options = spec(variant)
     out = Path(args.out) / "bound"
     run = figures.run_args(out, dict(BOUND), figures.PAPER_SCHEDULE["warmup"])
     run.options = options(depth) if callable(options) else options
@@ -115,13 +127,13 @@ def main(argv=None):
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         if "bound" in args.parts:
             bound_data = sweep.build_default_data(Path(args.out) / "bound", BOUND["pairs"])
-            names = ["postln", *[v for v in args.variants if v != "postln"]]
+            names = [REFERENCE.name, *[v for v in args.variants if v != REFERENCE.name]]
             jobs = sorted(((v, d) for v in names for d in args.depths), key=lambda job: -job[1])
             bound = dict(zip(jobs, pool.map(lambda job: bound_run(args, bound_data, *job), jobs)))
         if "source" in args.parts:
             map_args = Namespace(out=Path(args.out) / "source", raw_dir=args.raw_dir)
             data = stability_map.build_data(map_args)
-            variants = [v for v in args.variants if v != "postln"]
+            variants = [v for v in args.variants if v in ABLATIONS]
             source = dict(zip(variants, pool.map(lambda v: source_run(args, data, v), variants)))
     if "source" in args.parts:
         print(f"\n18L-18L, lr {SOURCE_CELL['lr']:g}, warm-up {SOURCE_CELL['warmup']}: src_dep (bits per target token) "
@@ -133,7 +145,7 @@ def main(argv=None):
             src, xattn = values["src_dep (bits/token)"], values["cross-attention / residual"]
             nll = next(iter(values["valid NLL (bits)"].values()))
             # a probe logged with update u ran before it: it measured the model after u - 1 updates
-            print(f"| {VARIANTS[v][0]} | " + " | ".join(f"{plateau.at(src, u + 1):.3f}" for u in SOURCE_MARKS)
+            print(f"| {spec(v)[0]} | " + " | ".join(f"{plateau.at(src, u + 1):.3f}" for u in SOURCE_MARKS)
                   + f" | {plateau.at(xattn, 1):.4f} | {plateau.at(xattn, 201):.4f} | {nll:.3f} |")
             rows += [["source", v, SOURCE_CELL["depth"], q, u, round(x, 6)]
                      for q, series in values.items() for u, x in sorted(series.items())]
@@ -145,8 +157,9 @@ def main(argv=None):
         print("| variant | " + " | ".join(f"{d}L-{d}L" for d in args.depths) + f" | {last}L / {first}L |\n|---|"
               + "---|" * (len(args.depths) + 1))
         for v in names:
-            cells = [f"{peak[v, d]:.3f} ({figures.ratio(peak['postln', d], peak[v, d]):.1f}x)" for d in args.depths]
-            print(f"| {VARIANTS[v][0]} | " + " | ".join(cells)
+            cells = [f"{peak[v, d]:.3f} ({figures.ratio(peak[REFERENCE.name, d], peak[v, d]):.1f}x)"
+                     for d in args.depths]
+            print(f"| {spec(v)[0]} | " + " | ".join(cells)
                   + f" | {figures.ratio(peak[v, last], peak[v, first]):.2f}x |")
             rows += [["bound", v, d, "update_norm", u, x] for d in args.depths for u, x in sorted(bound[v, d].items())]
     if args.csv:

@@ -23,6 +23,8 @@ import re
 import sys
 from pathlib import Path
 
+import deepnet_methods
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 BLOCK = re.compile(r'^<!-- table: (?P<path>[^\s>]+)(?: section="(?P<section>[^"]+)")? -->\n(?P<body>.*?)^<!-- /table -->$',
@@ -115,8 +117,6 @@ def read_jsonl(path):
     return [json.loads(line) for line in (ROOT / path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-MODEL_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet, paper init",
-               "deepnet_source": "DeepNet, source init"}
 REMEDY_NAMES = ("none", "residual drop", "ROBT")
 
 
@@ -124,7 +124,7 @@ def zero_shot_parts(folder):
     """('deepnet_source', 't-enc-t-dec', 'residual drop 3') for a zero-shot study run folder's name."""
     from deepnet_experiments import zero_shot_study as study
 
-    variant = next(v for v in sorted(study.VARIANTS, key=len, reverse=True) if folder.startswith(v))
+    variant = study.variant_of(folder)
     tags, remedy = study.LANG_TAGS[0], "none"
     for part in filter(None, folder[len(variant):].split("_")):
         if part in study.LANG_TAGS:
@@ -164,10 +164,11 @@ def zero_shot_table(records, columns, seeds=None, updates=None, tags=None, model
     rows = []
     for row in study.summarise([r for r in records if kept(r)]):
         model, tag, remedy = zero_shot_parts(row["arch"])
-        order = (row["updates"], study.ARCHS.index(model), study.LANG_TAGS.index(tag),
+        order = (row["updates"], deepnet_methods.order(model), study.LANG_TAGS.index(tag),
                  REMEDY_NAMES.index(remedy.rsplit(" ", 1)[0] if remedy.startswith("residual") else remedy))
         pool = row["model"].partition(" [")[2]
-        rows.append((order, [MODEL_NAMES[model] + (f" [{pool}" if pool else ""), tag, remedy, str(row["updates"]),
+        label = deepnet_methods.label(model, init_named=True)  # the paper init named beside the source init
+        rows.append((order, [label + (f" [{pool}" if pool else ""), tag, remedy, str(row["updates"]),
                              row["seeds"]], row))
     rows.sort(key=lambda item: item[0])
     header = ["model", "tags", "remedy", "updates", "seeds"] + [ZERO_SHOT_COLUMNS[c][0] for c in columns]
@@ -208,7 +209,7 @@ VIEWS = {
     f"{TAGS_DIR}/remedy/seeds_1-2.md": (
         "the residual drop on matched seeds: the paper init and Pre-LN, seeds 1-2, 1,500 updates",
         lambda: zero_shot_table(read_jsonl(f"{TAGS_DIR}/remedy/results.jsonl"), TAGGED, seeds={1, 2}, updates={1500},
-                                tags={"t-enc-t-dec"}, models={"deepnet", "preln"})),
+                                tags={"t-enc-t-dec"}, models={"deepnet", "preln"})),  # method-list: chosen
     f"{TAGS_DIR}/long/t-enc-t-dec.md": (
         "the long phase: the source init with and without the residual drop, seeds 1-3, 1,500 and 3,000 updates",
         lambda: zero_shot_table(read_jsonl(f"{TAGS_DIR}/long/results.jsonl"), TAGGED, seeds={1, 2, 3},

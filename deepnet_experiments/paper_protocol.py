@@ -10,19 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 CONFIG = ROOT / "configs" / "iwslt14_de_en.yaml"
-ARCHS = ("postln", "preln", "deepnet")
 # the table's CPU-sized model and checkpoints for the last-5 average: the only departures from the config, but
 # for DeepNet's init: the paper's, which the bilingual configs no longer default to
 MODEL = ["model.deepnorm_init=paper", "model.embed_dim=64", "model.ffn_dim=256", "model.heads=4", "train.dropout=0.1",
          "train.max_tokens=2000", "train.batch_tokens=2000", "train.save_interval_updates=100", "eval.average_last=5",
          "eval.max_len_a=1.2", "eval.max_len_b=10"]
 USAGE = """\
-Usage: scripts/paper_protocol_multi30k.sh [--archs postln,preln,deepnet] [--layers 18,18]
+Usage: scripts/paper_protocol_multi30k.sh [--archs {default}] [--layers 18,18]
                                           [--stages 2000,4000,6000,8000] [--work DIR] [--runs DIR]
                                           [--raw-dir DIR] [--dry-run]
 
@@ -37,7 +37,7 @@ docs/results/multi30k_table/README.md): d64, FFN 256, 4 heads, dropout 0.1, 2,00
 a checkpoint every 100 updates (for the last-5 average), Multi30k instead of IWSLT-14; and DeepNet
 with the paper's init (model.deepnorm_init=paper; the config's default is the source init).
 
-  --archs LIST     of postln, preln, deepnet (default: postln,preln,deepnet)
+  --archs LIST     of {archs} (default: {default})
   --layers N,M     encoder,decoder layers (default: 18,18)
   --stages LIST    updates at which to stop and evaluate (default: 2000,4000,6000,8000)
   --work DIR       prepared + binarised Multi30k (default: work/multi30k_de_en; built if missing)
@@ -61,7 +61,7 @@ class Parser(argparse.ArgumentParser):
 def parse_args(argv):
     p = Parser(prog="scripts/paper_protocol_multi30k.sh", add_help=False, allow_abbrev=False)
     p.add_argument("-h", "--help", action="store_true")
-    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--archs", default=",".join(deepnet_methods.names(zoo=False)))
     p.add_argument("--layers", default="18,18")
     p.add_argument("--stages", default="2000,4000,6000,8000")
     p.add_argument("--work", default="work/multi30k_de_en")
@@ -72,12 +72,13 @@ def parse_args(argv):
     if unknown:
         fail(f"unknown option '{unknown[0]}' (see --help)")
     if args.help:
-        print(USAGE, end="")
+        print(USAGE.format(default=",".join(deepnet_methods.names(zoo=False)),
+                           archs=", ".join(deepnet_methods.names())), end="")
         sys.exit(0)
     args.archs, args.stages = [a for a in args.archs.split(",") if a], [s for s in args.stages.split(",") if s]
     for arch in args.archs:
-        if arch not in ARCHS:
-            fail(f"unknown arch '{arch}' ({', '.join(ARCHS)})")
+        if arch not in deepnet_methods.METHODS:
+            fail(f"unknown arch '{arch}' ({', '.join(deepnet_methods.names())})")
     for stage in args.stages:
         if not re.fullmatch(r"[1-9][0-9]*", stage):
             fail(f"--stages must be positive integers, got '{stage}'")

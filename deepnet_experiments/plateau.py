@@ -17,6 +17,7 @@ import math
 import sys
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import runner
 
 from . import stability_map, sweep
@@ -28,7 +29,8 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="binarised data (the stability map's)")
     p.add_argument("--out", required=True, help="work folder (finished runs are kept and skipped)")
-    p.add_argument("--methods", default="deepnet,preln")
+    p.add_argument("--methods", default="deepnet,preln",  # method-list: chosen (the plateau's pair)
+                   help=f"stability-map cells, of {','.join(stability_map.method_names())} (default: %(default)s)")
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--lrs", default="1e-3,4e-3")
     p.add_argument("--warmup", type=int, default=100)
@@ -42,7 +44,7 @@ def parse_args(argv):
     p.add_argument("--figure", help="write the figure here (PNG)")
     p.add_argument("--csv", help="write the plotted series here (run, quantity, update, value)")
     args = p.parse_args(argv)
-    args.methods = sweep.parse_list(args.methods, str, "--methods")
+    args.methods = stability_map.parse_methods(p, args.methods)
     args.lrs = sweep.parse_list(args.lrs, float, "--lrs")
     return args
 
@@ -85,7 +87,7 @@ def main(argv=None):
     cells = [(m, args.depth, lr, args.warmup) for lr in args.lrs for m in args.methods]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         done = list(pool.map(lambda cell: stability_map.run_cell(cell_args, Path(args.data), *cell), cells))
-    runs = {f"{stability_map.LABELS[m]}, lr {lr:g}": series(read_curves(Path(args.out) / "runs" / name))
+    runs = {f"{deepnet_methods.label(m)}, lr {lr:g}": series(read_curves(Path(args.out) / "runs" / name))
             for (m, _, lr, _), (name, _, _) in zip(cells, done)}
     marks = sorted({u for u in (args.updates // 8, args.updates // 4, args.updates // 2) if u > 0} | {args.updates})
     print(f"{args.depth}L-{args.depth}L, warm-up {args.warmup}: value at (or last logged before) update u")

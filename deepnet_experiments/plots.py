@@ -12,14 +12,13 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-LABELS = {"transformer": "Post-LN", "preln_transformer": "Pre-LN", "deepnet_transformer": "DeepNet"}
+import deepnet_methods
 
 
 def label(arch):
-    for name in sorted(LABELS, key=len, reverse=True):
-        if arch == name or arch.startswith(name + "_"):
-            return f"{LABELS[name]} ({arch})"
-    return arch
+    """'DeepNet (deepnet_transformer_iwslt_de_en)' for an arch of a method of deepnet_methods; another arch as it is."""
+    method = deepnet_methods.of_arch(arch)
+    return f"{method.label} ({arch})" if method else arch
 
 
 def _float(text):

@@ -17,11 +17,13 @@ import io
 import sys
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import report
 
 from . import seeds_table
 
-METHODS = ("preln", "deepnet", "deepnet_source")  # Pre-LN, DeepNet's paper init, its source init
+# the width table compares every method the study trained; the small Table 1's Post-LN has no wider run
+LEFT_OUT = "postln"
 TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # docs/results/multi30k_table/README.md
 WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "peak_rss_mib", "run_dir"]
@@ -52,7 +54,8 @@ def width_rows(records):
     costs = train_costs(records)
     latest = {}
     for run in seeds_table.runs(records, TABLE_RUN):
-        if (run["method"] in METHODS and run["depth"] == "18L-18L" and run["warmup_updates"] == 100 and run["seed"] == 1
+        if (run["method"] != LEFT_OUT and run["depth"] == "18L-18L" and run["warmup_updates"] == 100
+                and run["seed"] == 1
                 and (run["updates"] == 1500 or run["device"] == "cuda")):
             latest[run["width"], run["device"], run["precision"], run["method"], run["lr"]] = run
     rows = [{"width": width, "device": device, "precision": precision, "method": method, "lr": lr,
@@ -63,7 +66,7 @@ def width_rows(records):
         same = [r for r in rows if (r["width"], r["device"], r["precision"]) == (row["width"], row["device"], row["precision"])]
         row["best_rate"] = row["bleu"] == max(r["bleu"] for r in same if r["method"] == row["method"])
         row["best_of_width"] = row["bleu"] == max(r["bleu"] for r in same)
-    return sorted(rows, key=lambda r: (r["device"], r["width"], report.ARCH_ORDER.get(r["method"], 99), r["lr"]))
+    return sorted(rows, key=lambda r: (r["device"], r["width"], deepnet_methods.order(r["method"]), r["lr"]))
 
 
 def deep_rows(records, prefix="/reach/deep/"):
@@ -83,7 +86,7 @@ def deep_rows(records, prefix="/reach/deep/"):
                              (t.get("valid_loss") for t in records if t.get("kind") == "train"
                               and t["run_dir"] == r["run_dir"] and t["updates"] == r["max_update"]), None),
                          "s_per_update": spu, "peak_rss_mib": rss, "run_dir": r["run_dir"]})
-    return sorted(rows, key=lambda r: (-int(r["depth"].split("L")[0]), report.ARCH_ORDER.get(r["method"], 99), r["updates"]))
+    return sorted(rows, key=lambda r: (-int(r["depth"].split("L")[0]), deepnet_methods.order(r["method"]), r["updates"]))
 
 
 def cell(value, digits):
@@ -92,7 +95,7 @@ def cell(value, digits):
 
 def width_markdown(rows):
     header = ["width", "run on", "updates", "method", "lr", "BLEU", "valid loss", "s/update", "best rate of the method"]
-    body = [[f"d{r['width']}", f"{r['device']}, {r['precision']}", str(r["updates"]), report.ARCH_NAMES.get(r["method"], r["method"]), f"{r['lr']:g}",
+    body = [[f"d{r['width']}", f"{r['device']}, {r['precision']}", str(r["updates"]), deepnet_methods.label(r["method"]), f"{r['lr']:g}",
              ("**" + cell(r["bleu"], 2) + "**" if r["best_of_width"] else cell(r["bleu"], 2)) + ("" if r["recorded"] else "*"),
              cell(r["valid_loss"], 3), cell(r["s_per_update"], 2), "yes" if r["best_rate"] else ""] for r in rows]
     return report.markdown(header, body)
@@ -100,7 +103,7 @@ def width_markdown(rows):
 
 def deep_markdown(rows):
     header = ["depth", "method", "lr", "updates", "BLEU", "valid loss", "s/update", "peak RSS MiB"]
-    body = [[r["depth"], report.ARCH_NAMES.get(r["method"], r["method"]), f"{r['lr']:g}", str(r["updates"]),
+    body = [[r["depth"], deepnet_methods.label(r["method"]), f"{r['lr']:g}", str(r["updates"]),
              cell(r["bleu"], 2), cell(r["valid_loss"], 3), cell(r["s_per_update"], 1), str(r["peak_rss_mib"] or "-")]
             for r in rows]
     return report.markdown(header, body)
@@ -113,13 +116,13 @@ def width_plot(rows, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for method in sorted({r["method"] for r in rows}, key=lambda m: report.ARCH_ORDER.get(m, 99)):
+    for method in sorted({r["method"] for r in rows}, key=deepnet_methods.order):
         for device, style in (("cpu", "-"), ("cuda", "--")):
             best = sorted((r["width"], r["bleu"], r["lr"]) for r in rows
                           if r["method"] == method and r["best_rate"] and r["device"] == device)
             if best:
                 ax.plot([w for w, _, _ in best], [b for _, b, _ in best], style, marker="o",
-                        label=f"{report.ARCH_NAMES.get(method, method)} ({device})")
+                        label=f"{deepnet_methods.label(method)} ({device})")
             for width, bleu, lr in best:
                 ax.annotate(f"{lr:g}", (width, bleu), textcoords="offset points", xytext=(4, 4), fontsize=7)
     widths = sorted({r["width"] for r in rows})

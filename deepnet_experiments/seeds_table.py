@@ -19,10 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import report
 
-# the name evaluation records gave the source init before records carried ``deepnorm_init``
-LEGACY_METHODS = {"deepnet_source_init": "deepnet_source"}
 SETTINGS = ("seed", "lr", "warmup_updates", "device", "width", "precision")  # the run keys a row needs
 FIELDS = ["method", "depth", "updates", "lr", "warmup_updates", "device", "width", "precision", "seeds", "bleu_mean", "bleu_min", "bleu_max",
           "bleu_stdev", "valid_loss_mean", "per_seed"]
@@ -45,7 +44,8 @@ def runs(records, unrecorded=None):
             raise ValueError(f"the evaluation of {r['run_dir']} records no {', '.join(missing)}: pass --unrecorded "
                              "with what it was trained with")
         name = report.model_name(r)
-        out.append({"method": LEGACY_METHODS.get(name, name), "depth": report.depth(r),
+        # an older record's alias for an init variant (deepnet_source_init) is that variant's row
+        out.append({"method": deepnet_methods.canonical(name), "depth": report.depth(r),
                     "updates": r.get("updates") or r["max_update"],  # a run stopped early: the updates it had
                     **{key: unrecorded[key] if key in missing else run[key] for key in SETTINGS},
                     "recorded": not missing, "bleu": r["bleu"],
@@ -66,7 +66,7 @@ def table(rows):
     out = []
     for (method, depth, updates, lr, warmup, pool), group in sorted(groups.items(), key=lambda kv: (
             kv[0][3], kv[0][4], str(kv[0][5]), int(kv[0][1].split("L")[0]), kv[0][2],
-            report.ARCH_ORDER.get(kv[0][0], 99))):
+            deepnet_methods.order(kv[0][0]))):
         group.sort(key=lambda row: row["seed"])
         bleu = [row["bleu"] for row in group]
         losses = [row["valid_loss"] for row in group if row["valid_loss"] is not None]
@@ -83,7 +83,7 @@ def table(rows):
 def markdown(summary):
     header = ["method", "depth", "updates", "lr", "warm-up", "seeds", "BLEU mean", "min-max", "stdev",
               "valid loss (mean)", "BLEU by seed", "run on"]
-    rows = [[report.ARCH_NAMES.get(s["method"], s["method"]), s["depth"], str(s["updates"]), f"{s['lr']:g}",
+    rows = [[deepnet_methods.label(s["method"]), s["depth"], str(s["updates"]), f"{s['lr']:g}",
              str(s["warmup_updates"]), str(s["seeds"]),
              f"{s['bleu_mean']:.2f}", f"{s['bleu_min']:.2f}-{s['bleu_max']:.2f}",
              "" if s["bleu_stdev"] is None else f"{s['bleu_stdev']:.2f}",
@@ -121,13 +121,13 @@ def depth_plots(summary, out):
         if len({s["depth"] for s in rows}) < 2:
             continue
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-        for method in sorted({s["method"] for s in rows}, key=lambda m: report.ARCH_ORDER.get(m, 99)):
+        for method in sorted({s["method"] for s in rows}, key=deepnet_methods.order):
             points = sorted((int(s["depth"].split("L-")[0]), s) for s in rows if s["method"] == method)
             layers = [n for n, _ in points]
             means = [s["bleu_mean"] for _, s in points]
             spread = [[m - s["bleu_min"] for m, (_, s) in zip(means, points)],
                       [s["bleu_max"] - m for m, (_, s) in zip(means, points)]]
-            label = report.ARCH_NAMES.get(method, method)
+            label = deepnet_methods.label(method)
             left.errorbar(layers, means, yerr=spread, marker="o", capsize=3, label=label)
             losses = [(n, s["valid_loss_mean"]) for n, s in points if s["valid_loss_mean"] is not None]
             right.plot([n for n, _ in losses], [v for _, v in losses], marker="o", label=label)

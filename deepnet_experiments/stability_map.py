@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+import deepnet_methods
 from deepnet_setups import runner
 
 from . import sweep
@@ -38,19 +39,30 @@ from .figures import read_curves
 from .plots import save_figure
 
 ROOT = sweep.ROOT
-# method -> (registered arch, more fairseq-train options)
-METHODS = {
-    "postln": ("transformer_iwslt_de_en", {}),
-    "preln": ("preln_transformer_iwslt_de_en", {}),
-    "deepnet": ("deepnet_transformer_iwslt_de_en", {}),
-    "deepnet_torchscale_init": ("deepnet_transformer_iwslt_de_en", {"deepnorm_init": "torchscale"}),
-    "deepnet_source_init": ("deepnet_transformer_iwslt_de_en", {"deepnorm_init": "source"}),
-}
-LABELS = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet",
-          "deepnet_torchscale_init": "DeepNet, torchscale's init", "deepnet_source_init": "DeepNet, source init"}
 FIELDS = ["method", "depth", "lr", "warmup", "updates", "status", "valid_nll", "final_train_loss", "src_dep",
           "unigram_entropy", "uniform_entropy", "reason", "wall_s"]
 PIPELINE_DATA = ["data.layout=plain", "data.train=[train]", "data.valid=[valid]", "data.test=[test2016]"]
+
+
+def method_names():
+    """What --methods takes: every method and init variant, and the older names of the variants, which the committed
+    map's cells keep (deepnet_source_init)."""
+    return deepnet_methods.names(variants=True, aliases=True)
+
+
+def parse_methods(parser, text):
+    """--methods as a list of names method_names() knows (else the parser's error)."""
+    methods = sweep.parse_list(text, str, "--methods")
+    unknown = [m for m in methods if m not in method_names()]
+    if unknown:
+        parser.error(f"unknown method(s) {unknown}; known: {', '.join(method_names())}")
+    return methods
+
+
+def method_arch(name):
+    """(fairseq arch, more fairseq-train options) of a method or init variant's cell."""
+    method, init = deepnet_methods.resolve(name)
+    return method.arch(sweep.SIZE), {"deepnorm_init": init} if init else {}
 
 
 def parse_args(argv):
@@ -60,7 +72,8 @@ def parse_args(argv):
     p.add_argument("--data", help="binarised data (default: build Multi30k de-en through the shipped IWSLT-14 "
                                   "pipeline into OUT/work from --raw-dir)")
     p.add_argument("--raw-dir", default=str(sweep.DEFAULT_RAW), help="raw Multi30k de-en (default: %(default)s)")
-    p.add_argument("--methods", default="postln,preln,deepnet", help=f"of {','.join(METHODS)} (default: %(default)s)")
+    p.add_argument("--methods", default=",".join(deepnet_methods.names(zoo=False)),
+                   help=f"of {','.join(method_names())} (default: %(default)s)")
     p.add_argument("--depths", default="6,18,50", help="N = M layers (default: %(default)s)")
     p.add_argument("--lrs", default="2.5e-4,5e-4,1e-3,2e-3,4e-3", help="peak learning rates (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=100, help="warm-up updates for the lr axis (default: %(default)s)")
@@ -81,10 +94,7 @@ def parse_args(argv):
     p.add_argument("--csv", help="also copy the CSV here (e.g. docs/figures/stability_map.csv)")
     p.add_argument("--figures", help="write one heatmap per method here (e.g. docs/figures)")
     args = p.parse_args(argv)
-    args.methods = sweep.parse_list(args.methods, str, "--methods")
-    unknown = [m for m in args.methods if m not in METHODS]
-    if unknown:
-        p.error(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+    args.methods = parse_methods(p, args.methods)
     args.depths = sweep.parse_list(args.depths, int, "--depths")
     args.lrs = sweep.parse_list(args.lrs, float, "--lrs")
     args.warmup_axis = sweep.parse_list(args.warmup_axis, int, "--warmup-axis") if args.warmup_axis else []
@@ -135,7 +145,7 @@ def run_cell(args, data, method, depth, lr, warmup):
     """One cell through ``sweep.train_one``. Besides the CLI's ``args``, a caller may give ``extra_diag`` (more
     diagnostic options), ``options`` (more fairseq options, after the method's) and ``extra_fairseq``
     (verbatim fairseq arguments, last)."""
-    arch, options = METHODS[method]
+    arch, options = method_arch(method)
     run = Namespace(out=args.out, tiny=True, bleu=False, max_tokens=args.max_tokens, updates=args.updates, lr=lr,
                     warmup=warmup, options={**options, **getattr(args, "options", {})},
                     extra=getattr(args, "extra_fairseq", []),
@@ -185,12 +195,13 @@ def main(argv=None):
                      "final_train_loss": result["final_train_loss"], "src_dep": round(src_dep, 4),
                      "unigram_entropy": round(unigram, 4), "uniform_entropy": round(uniform, 4),
                      "reason": reason, "wall_s": result["wall_s"]})
-    rows.sort(key=lambda r: (list(METHODS).index(r["method"]), r["warmup"], r["depth"], r["lr"]))
+    rows.sort(key=lambda r: (deepnet_methods.order(r["method"]), r["warmup"], r["depth"], r["lr"]))
     sweep.write_csv(out / "map.csv", FIELDS, [[r[k] for k in FIELDS] for r in rows])
     if args.csv:
         sweep.write_csv(Path(args.csv), FIELDS, [[r[k] for k in FIELDS] for r in rows])
     for r in rows:
-        print(f"{LABELS[r['method']]:28s} {r['depth']:3d}L lr {r['lr']:<8g} warm-up {r['warmup']:<5d} {r['status']:9s} "
+        label = deepnet_methods.label(r["method"])
+        print(f"{label:28s} {r['depth']:3d}L lr {r['lr']:<8g} warm-up {r['warmup']:<5d} {r['status']:9s} "
               f"valid NLL {r['valid_nll']:<7} src_dep {r['src_dep']:<7} {r['reason']}", flush=True)
     if args.figures:
         for path in heatmaps(rows, Path(args.figures), args.warmup):
@@ -252,12 +263,13 @@ def heatmaps(rows, folder, warmup=None):
     methods = list(dict.fromkeys(r["method"] for r in rows))
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
-        figure([(f"{LABELS[method]}, warm-up {w}", [r for r in mine if r["warmup"] == w])
+        figure([(f"{deepnet_methods.label(method)}, warm-up {w}", [r for r in mine if r["warmup"] == w])
                 for w in sorted({r["warmup"] for r in mine})], folder / f"stability_map_{method}.png")
     if warmup is None:
         warmups = [r["warmup"] for r in rows]
         warmup = max(set(warmups), key=warmups.count)
-    figure([(f"{LABELS[m]}, warm-up {warmup}", [r for r in rows if r["method"] == m and r["warmup"] == warmup])
+    figure([(f"{deepnet_methods.label(m)}, warm-up {warmup}",
+             [r for r in rows if r["method"] == m and r["warmup"] == warmup])
             for m in methods if any(r["method"] == m and r["warmup"] == warmup for r in rows)],
            folder / "stability_map.png")
     return written

@@ -17,11 +17,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RAW = ROOT.parent / "shared" / "data" / "multi30k_de_en"
-DEFAULT_ARCHS = "transformer_iwslt_de_en,preln_transformer_iwslt_de_en,deepnet_transformer_iwslt_de_en"
+SIZE = "iwslt_de_en"  # the size variant of the drivers' archs (--tiny, their default, sets the width)
 RUN_FIELDS = ["arch", "depth", "seed", "updates", "final_train_loss", "valid_loss", "bleu", "diverged", "reason",
               "wall_s"]
 HOOKS = {"diag_grad_norms": True, "diag_ln_inputs": True}  # per-sublayer gradient norms and LayerNorm inputs
@@ -50,7 +51,10 @@ def parse_args(argv):
         description="Train architectures at several depths (N=M) and seeds; write runs.csv, curves.csv and plots. "
                     "Extra fairseq-train arguments go after `--` (they override the defaults).")
     p.add_argument("--data", help="binarised fairseq data dir (default: build a small Multi30k de-en set in OUT/data)")
-    p.add_argument("--archs", default=DEFAULT_ARCHS, help="comma-separated registered arch names (default: %(default)s)")
+    p.add_argument("--archs", default=",".join(m.arch(SIZE) for m in deepnet_methods.methods(zoo=False)),
+                   help="comma-separated fairseq archs: the families "
+                        f"{', '.join(m.family for m in deepnet_methods.methods())} at a size variant, or any other "
+                        "registered arch (default: %(default)s)")
     p.add_argument("--depths", default="6,18", help="comma-separated depths, N=M (default: %(default)s)")
     p.add_argument("--updates", type=int, default=100, help="updates per run (default: %(default)s)")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default: %(default)s)")

@@ -37,17 +37,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_setups import runner
 from deepnet_setups.records import labelled, pool_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 CONFIG = ROOT / "configs" / "opus100.yaml"
-# study variant -> (the setups' --arch, train.extra_args); a run's folder is named after its variant
-VARIANTS = {"postln": ("postln", []), "preln": ("preln", []), "deepnet": ("deepnet", []),
-            "deepnet_source": ("deepnet", ["--deepnorm-init", "source"])}
-ARCHS = tuple(VARIANTS)
-ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_source": "DeepNet, source init"}
 # deepnet_setups.lang_tags.STRATEGIES; the first (fairseq's recipe) is the study's default and adds no folder suffix
 LANG_TAGS = ("s-enc-t-dec", "t-enc", "t-enc-t-dec")
 REMEDIES = ("none", "residual_drop", "robt")  # residual_drop: --encoder-drop-residual-layer at the middle encoder
@@ -123,20 +119,31 @@ class Runner:
 def run_variant(variant, lang_tags, remedy, encoder_layers):
     """(folder name, the setups' --arch, its overrides) of one study run: the variant, its language tags
     where they are not the setups' default, and the remedy where there is one."""
-    arch, extra = VARIANTS[variant]
+    method, init = deepnet_methods.resolve(variant)
+    extra = ["--deepnorm-init", init] if init else []
     name = variant + ("" if lang_tags == LANG_TAGS[0] else f"_{lang_tags}")
     if remedy == "residual_drop":  # Liu et al. 2021 drop it in a middle encoder layer
         extra = [*extra, "--encoder-drop-residual-layer", str(encoder_layers // 2)]
         name += f"_rdrop{encoder_layers // 2}"
     elif remedy == "robt":
         extra, name = [*extra, *ROBT], name + "_robt"
-    return name, arch, [f"data.lang_tags={lang_tags}", f"train.extra_args=[{','.join(extra)}]"]
+    return name, method.name, [f"data.lang_tags={lang_tags}", f"train.extra_args=[{','.join(extra)}]"]
+
+
+def variants():
+    """What --archs takes, a run folder's first part: every method (the setups' --arch) and init variant."""
+    return deepnet_methods.names(variants=True)
+
+
+def variant_of(folder_name):
+    """The variant a run folder's name starts with (deepnet_source_t-enc_rdrop3: deepnet_source), or the name."""
+    return next((v for v in sorted(variants(), key=len, reverse=True) if folder_name.startswith(v)), folder_name)
 
 
 def model_name(folder_name):
     """'DeepNet, source init, t-enc, residual drop 3' for a run folder named deepnet_source_t-enc_rdrop3."""
-    variant = next((v for v in sorted(VARIANTS, key=len, reverse=True) if folder_name.startswith(v)), folder_name)
-    parts = [ARCH_NAMES.get(variant, variant)]
+    variant = variant_of(folder_name)
+    parts = [deepnet_methods.label(variant)]
     for part in filter(None, folder_name[len(variant):].split("_")):
         parts.append(f"residual drop {part[5:]}" if part.startswith("rdrop") else "ROBT" if part == "robt" else part)
     return ", ".join(parts)
@@ -176,7 +183,7 @@ def summarise(records):
     pools = [key[4] for key in groups]
     rows = []
     for (arch, enc, dec, updates, pool), runs in sorted(groups.items(), key=lambda x: (
-            x[0][1], ARCHS.index(x[0][0]) if x[0][0] in ARCHS else 9, x[0][3], str(x[0][4]))):
+            x[0][1], deepnet_methods.order(x[0][0]), x[0][3], str(x[0][4]))):
         row = {"arch": arch, "model": labelled(model_name(arch), pool, pools), "layers": f"{enc}L-{dec}L",
                "updates": updates,
                "seeds": ",".join(str(s) for s, _ in sorted(runs))}
@@ -293,7 +300,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m deepnet_experiments.zero_shot_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="section.key=value for every stage (after the study's own)")
-    parser.add_argument("--archs", default="postln,preln,deepnet", help=f"of {', '.join(ARCHS)}")
+    parser.add_argument("--archs", default=",".join(deepnet_methods.names(zoo=False)),
+                        help=f"of {', '.join(variants())}")
     parser.add_argument("--layers", action="append", help="N,M (repeat for more depths; default 6,6)")
     parser.add_argument("--lang-tags", default=LANG_TAGS[0], help=f"language-tag strategies, of {', '.join(LANG_TAGS)}")
     parser.add_argument("--remedies", default="none", help=f"of {', '.join(REMEDIES)} (residual_drop: no residual "
@@ -318,8 +326,8 @@ def main(argv=None):
     opts = parser.parse_intermixed_args(argv)
     try:
         archs = csv_list(opts.archs)
-        if not archs or set(archs) - set(ARCHS):
-            raise StudyError(f"--archs: of {', '.join(ARCHS)}, got {opts.archs!r}")
+        if not archs or set(archs) - set(variants()):
+            raise StudyError(f"--archs: of {', '.join(variants())}, got {opts.archs!r}")
         tag_choices, remedies = csv_list(opts.lang_tags), csv_list(opts.remedies)
         if not tag_choices or set(tag_choices) - set(LANG_TAGS) or not remedies or set(remedies) - set(REMEDIES):
             raise StudyError(f"--lang-tags of {', '.join(LANG_TAGS)}; --remedies of {', '.join(REMEDIES)}")

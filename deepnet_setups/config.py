@@ -41,6 +41,10 @@ CHOICES = {
 }
 
 
+# the criterion that takes train.crossconst_alpha (deepnet_fairseq/criterions/)
+CROSSCONST_CRITERION = "diagnostic_label_smoothed_cross_entropy"
+
+
 @dataclass
 class DataConfig:
     kind: str = "bilingual"
@@ -137,6 +141,9 @@ class TrainConfig:
     threshold_loss_scale: Optional[float] = None
     ddp_backend: str = "c10d"
     sampling_temperature: float = 5.0  # multilingual: language sampling
+    # CrossConST's weight (--crossconst-alpha of the plugin's criterion; null: not passed, off). Set, it needs
+    # criterion diagnostic_label_smoothed_cross_entropy (fairseq's own criterion refuses the option)
+    crossconst_alpha: Optional[float] = None
     extra_args: List[str] = field(default_factory=list)  # any further fairseq-train options, verbatim
 
 
@@ -294,6 +301,14 @@ def validate(cfg, where):
     if train["precision"] == "bf16" and train["ddp_backend"] == "fully_sharded":
         raise ConfigError(f"{where}: train.precision bf16 does not work with train.ddp_backend fully_sharded "
                           "(fairseq 0.12's FSDP has no bf16); use fp16")
+    alpha = train["crossconst_alpha"]
+    if alpha is not None:
+        if not 0 <= alpha < float("inf"):
+            raise ConfigError(f"{where}: key 'train.crossconst_alpha' must be a number >= 0 (or null), got {alpha!r}")
+        if train["criterion"] != CROSSCONST_CRITERION:
+            raise ConfigError(f"{where}: key 'train.crossconst_alpha' needs train.criterion {CROSSCONST_CRITERION} "
+                              f"(the plugin's criterion takes --crossconst-alpha), got {train['criterion']!r}; "
+                              "or set train.crossconst_alpha=null")
     if train["max_tokens_gpu_gib"] is not None and train["max_tokens_gpu_gib"] <= 0:
         raise ConfigError(f"{where}: key 'train.max_tokens_gpu_gib' must be > 0 (or null)")
     if train["fp16_init_scale"] <= 0 or train["min_loss_scale"] <= 0 or not 0 <= train["fp16_scale_tolerance"] < 1:

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import deepnet_methods
 from deepnet_text import textprep as tp
 
 from . import lang_tags, langid
@@ -403,7 +404,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    parser.add_argument("--arch", help="deepnet | preln | postln (with --layers: finds the run folder)")
+    parser.add_argument("--arch", help=f"the method, of {', '.join(deepnet_methods.names())} (with --layers: finds "
+                        "the run folder)")
     parser.add_argument("--layers", help="N or N,M")
     parser.add_argument("--run-dir", help="the run folder (default: from --arch/--layers)")
     parser.add_argument("--average-last", type=int, help="average the last K checkpoints (default: eval.average_last)")

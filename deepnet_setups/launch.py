@@ -27,31 +27,24 @@ import sys
 import time
 from pathlib import Path
 
+import deepnet_methods
+
 from . import lang_tags, records
 from .config import ConfigError, load
 from .runner import PREEMPTED_EXIT_STATUS, USER_DIR, TrainLogStats, append_record, fairseq_options, program, run
-
-ARCH_FAMILIES = {"deepnet": "deepnet_transformer", "preln": "preln_transformer"}
-# fairseq's own Post-LN architecture for each size variant of deepnet_fairseq.models.sizes
-POSTLN_ARCHS = {"": "transformer", "iwslt_de_en": "transformer_iwslt_de_en", "wmt_en_de": "transformer_wmt_en_de",
-                "wmt_en_de_big": "transformer_vaswani_wmt_en_de_big", "opus100": "transformer",
-                "m2m_102": "transformer_vaswani_wmt_en_de_big"}
-
-
-
 
 class LaunchError(ValueError):
     """A bad launch option; one line naming it."""
 
 
 def fairseq_arch(arch, size):
-    if arch == "postln":
-        if size not in POSTLN_ARCHS:
-            raise LaunchError(f"model.size '{size}': no fairseq Post-LN architecture for it")
-        return POSTLN_ARCHS[size]
-    if arch not in ARCH_FAMILIES:
-        raise LaunchError(f"--arch '{arch}': unknown (choose deepnet, preln or postln)")
-    return f"{ARCH_FAMILIES[arch]}_{size}" if size else ARCH_FAMILIES[arch]
+    """The fairseq --arch of the method named ``arch`` (deepnet_methods) at the config's size variant."""
+    if arch not in deepnet_methods.METHODS:
+        raise LaunchError(f"--arch '{arch}': unknown (choose {', '.join(deepnet_methods.names())})")
+    try:
+        return deepnet_methods.METHODS[arch].arch(size)
+    except ValueError as err:
+        raise LaunchError(f"model.size: {err}") from None
 
 
 def parse_layers(text):
@@ -105,10 +98,8 @@ def gpu_memory_gib():
 
 
 def model_folder(cfg, arch):
-    """A run folder's model part: the arch, and for DeepNet its init where it is not the paper's, so that two
-    inits never share (and resume) one folder."""
-    init = cfg["model"]["deepnorm_init"]
-    return f"{arch}_{init}" if arch == "deepnet" and init != "paper" else arch
+    """A run folder's model part: the arch, and its init where it takes one that is not its default."""
+    return deepnet_methods.row_name(arch, cfg["model"]["deepnorm_init"])
 
 
 def run_dir(cfg, arch, layers):
@@ -140,7 +131,7 @@ def train_args(cfg, arch, layers, world_size, on_gpu, save_dir, tensorboard_dir)
                              for side in ("encoder", "decoder")})
     args += fairseq_options({key: model[key] for key in ("share_all_embeddings", "share_decoder_input_output_embed",
                                                          "checkpoint_activations")})
-    if arch == "deepnet":
+    if records.has_init(arch):
         args += ["--deepnorm-init", model["deepnorm_init"]]
     if data["kind"] == "multilingual":
         args += ["--task", "translation_multi_simple_epoch", "--lang-pairs", ",".join(data["lang_pairs"]),
@@ -268,7 +259,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="section.key=value (any config value)")
-    parser.add_argument("--arch", required=True, help="deepnet | preln | postln (fairseq's Transformer)")
+    parser.add_argument("--arch", required=True, help=f"the method: {', '.join(deepnet_methods.names())} "
+                        "(python -m deepnet_methods)")
     parser.add_argument("--layers", help="N or N,M encoder,decoder layers (default: the config's)")
     parser.add_argument("--gpus", type=int, default=None, help="GPUs per node (default: all visible, or CPU if none)")
     parser.add_argument("--nodes", type=int, default=1)

@@ -17,11 +17,10 @@ import json
 import sys
 from pathlib import Path
 
+import deepnet_methods
+
 from .records import labelled, pool_key
 
-ARCH_ORDER = {"postln": 0, "preln": 1, "deepnet": 2, "deepnet_torchscale": 3, "deepnet_source": 4}
-ARCH_NAMES = {"postln": "Post-LN", "preln": "Pre-LN", "deepnet": "DeepNet", "deepnet_torchscale": "DeepNet, torchscale init",
-              "deepnet_source": "DeepNet, source init"}
 RUN_FIELDS = ["kind", "setup", "arch", "deepnorm_init", "encoder_layers", "decoder_layers", "updates", "final_loss", "valid_loss",
               "bleu", "copy_source_bleu", "sacrebleu", "signature", "diverged", "wall_time_s", "run_dir", "time"]
 
@@ -66,15 +65,14 @@ def on_target(directions):
 
 
 def model_name(record):
-    """The row a record belongs to: its arch, and its DeepNorm init where that is not the paper's."""
-    init = record.get("deepnorm_init")
-    return record["arch"] if record.get("arch") != "deepnet" or init in (None, "paper") else f"deepnet_{init}"
+    """The row a record belongs to: its arch, and its DeepNorm init where that is not the default."""
+    return deepnet_methods.row_name(record["arch"], record.get("deepnorm_init"))
 
 
 def named(row):
     """A row's label: the method's name, and its pool where it has one ('deepnet_source [cuda, d256, fp16]')."""
     name, _, pool = row.partition(" [")
-    return ARCH_NAMES.get(name, name) + (f" [{pool}" if pool else "")
+    return deepnet_methods.label(name) + (f" [{pool}" if pool else "")
 
 
 def tables(records):
@@ -94,7 +92,7 @@ def tables(records):
     result = {}
     for name, setup in out.items():
         depths = sorted({d for cells in setup["cells"].values() for d in cells}, key=lambda d: int(d.split("L")[0]))
-        archs = sorted(setup["cells"], key=lambda a: (ARCH_ORDER.get(a.split(" [")[0], 9), a))
+        archs = sorted(setup["cells"], key=lambda a: (deepnet_methods.order(a.split(" [")[0]), a))
         rows = [[named(a)] + [setup["cells"][a].get(d, "-") for d in depths] for a in archs]
         result[name] = (["model"] + depths, rows, sorted(s for s in setup["signatures"] if s))
     return result
@@ -115,7 +113,7 @@ def curves(records):
         elif r["kind"] == "train":
             point[1] = r.get("valid_loss")
     return {key: {arch: {u: tuple(v) for u, v in sorted(points.items()) if v[0] is not None}
-                  for arch, points in sorted(archs.items(), key=lambda a: (ARCH_ORDER.get(a[0], 9), a[0]))}
+                  for arch, points in sorted(archs.items(), key=lambda a: (deepnet_methods.order(a[0]), a[0]))}
             for key, archs in out.items()
             if max(sum(v[0] is not None for v in points.values()) for points in archs.values()) >= 2}
 
@@ -129,9 +127,9 @@ def plot_curves(archs, title, path):
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     for arch, points in archs.items():
         updates = sorted(points)
-        left.plot(updates, [points[u][0] for u in updates], marker="o", label=ARCH_NAMES.get(arch, arch))
+        left.plot(updates, [points[u][0] for u in updates], marker="o", label=deepnet_methods.label(arch))
         losses = [(u, points[u][1]) for u in updates if points[u][1] is not None]
-        right.plot([u for u, _ in losses], [v for _, v in losses], marker="o", label=ARCH_NAMES.get(arch, arch))
+        right.plot([u for u, _ in losses], [v for _, v in losses], marker="o", label=deepnet_methods.label(arch))
     left.set(xlabel="updates", ylabel="test BLEU", title=title)
     right.set(xlabel="updates", ylabel="valid loss (bits)", title=title)
     for ax in (left, right):
@@ -185,13 +183,14 @@ def main(argv=None):
     for (setup, key), archs in sorted(curves(records).items()):
         updates = sorted({u for points in archs.values() for u in points})
         header = ["model"] + [str(u) for u in updates]
-        rows = [[ARCH_NAMES.get(a, a)] + [(f"{p[u][0]:.2f}" + (f" ({p[u][1]:.3f})" if p[u][1] is not None else ""))
+        rows = [[deepnet_methods.label(a)] + [(f"{p[u][0]:.2f}" + (f" ({p[u][1]:.3f})" if p[u][1] is not None else ""))
                                          if u in p else "-" for u in updates] for a, p in archs.items()]
         sections.append(f"## {setup}, {key}: by updates\n\nBLEU (valid loss) after each number of updates\n\n"
                         f"{markdown(header, rows)}\n")
         buffer = io.StringIO()
         csv.writer(buffer).writerows([["model", "updates", "bleu", "valid_loss"]] + [
-            [ARCH_NAMES.get(a, a), u, p[u][0], "" if p[u][1] is None else p[u][1]] for a, p in archs.items() for u in p])
+            [deepnet_methods.label(a), u, p[u][0], "" if p[u][1] is None else p[u][1]]
+            for a, p in archs.items() for u in p])
         write_atomic(out / f"{setup}_{key}_by_updates.csv", buffer.getvalue())
         plot_curves(archs, f"{setup}, {key}", out / f"{setup}_{key}_by_updates.png")
     buffer = io.StringIO()

@@ -7,7 +7,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${VENV:-$ROOT/.venv}/bin/python"
-METHODS="postln_transformer,dsinit_transformer,admin_transformer,rezero_transformer,tfixup_transformer,preln_transformer,dlcl_transformer,normformer_transformer,subln_transformer,b2t_transformer,residual_transformer,deepnet_transformer"
 
 usage() {
   cat <<USAGE
@@ -19,7 +18,8 @@ Usage: scripts/table1.sh --out DIR [--data BIN_DIR] [--methods a,b,...] [--varia
   --out DIR       output folder (runs/, runs.csv, table1.csv, table1.md)
   --data BIN_DIR  binarised translation data (default: depth_sweep's small Multi30k de-en set
                   built from ../shared/data/multi30k_de_en)
-  --methods LIST  model names (default: all twelve: $METHODS)
+  --methods LIST  model names (default: every method, in the paper's order:
+                  python -m deepnet_methods list --field family --zoo)
   --variant V     size variant appended to each name (default: iwslt_de_en; '' for none)
   --depths LIST   depths N=M (default: 2,8)
   --updates K     updates per run (default: 40)
@@ -34,7 +34,7 @@ Everything after -- goes to fairseq-train.
 USAGE
 }
 
-OUT="" DATA="" VARIANT="iwslt_de_en" DEPTHS="2,8" UPDATES=40 SEEDS=1 LR=5e-3 WARMUP=4 MAX_TOKENS=600 JOBS=1
+OUT="" DATA="" METHODS="" VARIANT="iwslt_de_en" DEPTHS="2,8" UPDATES=40 SEEDS=1 LR=5e-3 WARMUP=4 MAX_TOKENS=600 JOBS=1
 SHAPE="--tiny" FORMAT_ONLY=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do
@@ -56,6 +56,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$OUT" ]] || { echo "table1.sh: --out DIR is required (see --help)" >&2; exit 2; }
 [[ -x "$PY" ]] || { echo "table1.sh: no virtual environment at ${VENV:-$ROOT/.venv}; run 'make install' first" >&2; exit 1; }
+# default: every method of the registry in the paper's order, by its plugin family (Post-LN: postln_transformer)
+[[ -n "$METHODS" ]] || METHODS=$(cd "$ROOT" && "$PY" -m deepnet_methods list --field family --zoo)
 [[ -x "$ROOT/scripts/depth_sweep.sh" ]] || { echo "table1.sh: missing $ROOT/scripts/depth_sweep.sh" >&2; exit 1; }
 [[ -z "$DATA" || -d "$DATA" ]] || { echo "table1.sh: --data $DATA is not a directory" >&2; exit 1; }
 [[ "$DEPTHS" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "table1.sh: --depths must look like 6,18, got '$DEPTHS'" >&2; exit 2; }

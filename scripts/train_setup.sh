@@ -3,11 +3,13 @@
 set -euo pipefail
 
 usage() {
-  cat <<'USAGE'
-Usage: scripts/train_setup.sh --config configs/<setup>.yaml --arch deepnet|preln|postln [options] [key=value ...]
+  local methods  # the registry's (deepnet_methods), in table order
+  methods=$(cd "$root" && "$py" -m deepnet_methods list --zoo --sep ', ')
+  cat <<USAGE
+Usage: scripts/train_setup.sh --config configs/<setup>.yaml --arch A [options] [key=value ...]
    (or scripts/train_{iwslt,iwslt14,wmt17,opus100,m2m_102}.sh [options], which fill in --config)
 
-  --arch A            deepnet (DeepNorm), preln (Pre-LN) or postln (fairseq's Transformer)
+  --arch A            the method, one of $methods
   --layers N[,M]      encoder,decoder layers (default: the config's model.*_layers)
   --gpus G            GPUs per node (default: all visible; none -> CPU). fp16 is on by default on GPU.
   --nodes N           nodes (torchrun; run the script on every node with --node-rank R --master-addr HOST)

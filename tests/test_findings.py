@@ -184,7 +184,9 @@ def demo_summary():
 
 
 def demo_line(label, depth, model):
-    return (f"{label:8} {depth}: final loss {model['final_loss']:.3f} bits/token, "
+    from deepnet_experiments.demo import LABEL_WIDTH
+
+    return (f"{label:{LABEL_WIDTH}} {depth}: final loss {model['final_loss']:.3f} bits/token, "
             f"held-out accuracy {model['heldout']:.1f}%")
 
 
@@ -193,11 +195,13 @@ def comparison():
     lines = (ROOT / DEMO / "comparison.txt").read_text().splitlines()
     marks = [int(m) for m in re.findall(r"@(\d+)", lines[0])]
     series, accuracy = {}, {}
+    labels = sorted(demo_summary()["models"], key=len, reverse=True)  # a label as wide as the column: one space
     for line in lines[2:]:
-        fields = re.split(r"\s{2,}", line.strip())
-        if len(fields) < 2 + len(marks):
+        model = next((label for label in labels if line.startswith(label + " ")), None)
+        fields = re.split(r"\s{2,}", line[len(model or ""):].strip())
+        if model is None or len(fields) < 1 + len(marks):
             continue
-        model, metric, *values = fields
+        metric, *values = fields
         kind = "loss" if metric.startswith("train loss") else "update"
         series[model, kind] = [float(v) for v in values[:len(marks)]]
         if len(values) > len(marks):
@@ -227,7 +231,7 @@ def check_demo(tables, claim):
           f"lr {lr_name(settings['lr'])} and {settings['warmup']} warm-up updates")
     claim(f"scores {summary['unigram_entropy_bits']:.2f} bits")
     claim(f"moved {series['Post-LN', 'update'][0]:.3f} from its initial output and DeepNet's "
-          f"{series['DeepNet', 'update'][0]:.3f}")
+          f"{series['DeepNet, paper init', 'update'][0]:.3f}")
 
 
 def check_stability_map(tables, claim):

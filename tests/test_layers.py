@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import ROOT
 
 LINT = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("deepnet_fairseq", "deepnet_setups", "deepnet_experiments", "benchmarks", "deepnet_text")
+PACKAGES = ("deepnet_fairseq", "deepnet_setups", "deepnet_experiments", "benchmarks", "deepnet_text", "deepnet_methods")
 
 
 def lint(root):

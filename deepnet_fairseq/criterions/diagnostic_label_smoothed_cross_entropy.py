@@ -25,6 +25,12 @@ subclasses it) plus training-stability diagnostics, each off by default and free
   --divergence-fp16-fallback P  fp16 at the minimum loss scale: go on in P (bf16 or fp32) from the same
                                 fp32 master weights, once, instead of stopping
 
+and one change to the loss, off by default (bitwise today's loss and no extra forward when off):
+
+  --crossconst-alpha A          CrossConST (Gao et al. 2023): add A x KL(f(x) || f(y)) over the target
+                                positions, f(y) from a second forward with the target as the source;
+                                crossconst: that KL per token in bits (criterions/crossconst.py)
+
 Everything goes through fairseq's metrics (progress bar, JSON log, tensorboard). Values that come
 from the forward pass travel in the logging outputs, which fairseq sums over micro-batches and
 workers; they are divided by their counts in ``reduce_metrics``. Gradient norms are read after
@@ -36,11 +42,12 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from fairseq import metrics
+from fairseq import metrics, utils
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
+    label_smoothed_nll_loss,
 )
 
 from ..instrumentation.monitors import (
@@ -55,6 +62,7 @@ from ..instrumentation.monitors import (
 )
 from ..instrumentation.reliability_config import ReliabilityConfig
 from ..instrumentation.sublayers import unwrap
+from .crossconst import TargetAsSource, divergence
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +96,10 @@ class DiagnosticLabelSmoothedCrossEntropyConfig(LabelSmoothedCrossEntropyCriteri
     )
     # --divergence-rollback, --divergence-rollback-lr-factor, --divergence-loss-spike, --divergence-fp16-fallback:
     # ReliabilityConfig (training/rollback.py acts on them; the checks below need --divergence-guard)
+    crossconst_alpha: float = field(
+        default=0.0, metadata={"help": "CrossConST: add alpha x KL(f(x) || f(y)), f(y) given the target sentence as the "
+                                       "source, to the training loss; logged as crossconst (0: off)"}
+    )
 
 
 def _current_update():
@@ -120,13 +132,15 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         divergence_rollback_lr_factor=1.0,
         divergence_loss_spike=0.0,
         divergence_fp16_fallback="none",
+        crossconst_alpha=0.0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         for option, value in (("--diag-update-norm-interval", diag_update_norm_interval),
                               ("--diag-source-dependence-interval", diag_source_dependence_interval),
                               ("--divergence-loss-bound", divergence_loss_bound),
                               ("--divergence-grad-bound", divergence_grad_bound),
-                              ("--divergence-loss-spike", divergence_loss_spike)):
+                              ("--divergence-loss-spike", divergence_loss_spike),
+                              ("--crossconst-alpha", crossconst_alpha)):
             if value < 0 or not math.isfinite(value):
                 raise ValueError(f"{option} must be >= 0 (0 = off), got {value!r}")
         divergence_fp16_fallback = str(divergence_fp16_fallback)
@@ -155,6 +169,9 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         self._probe = UpdateNormProbe() if diag_update_norm_interval else None
         self._probed_update = None
         self._source_probed_update = None
+        self.crossconst_alpha = crossconst_alpha
+        # how the target-as-source input is built for this task's batches (refused here, before training, if it cannot)
+        self._target_as_source = TargetAsSource(task) if crossconst_alpha > 0 else None
 
     @property
     def _needs_hooks(self):
@@ -172,7 +189,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
 
     def forward(self, model, sample, reduce=True):
         if not (model.training and self._needs_hooks):
-            return super().forward(model, sample, reduce=reduce)
+            return self._loss(model, sample, reduce)
         if not self._attached:
             self._attach(model)
         update = _current_update()
@@ -188,7 +205,7 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             self._source_probed_update = update
             source = source_dependence(model, sample)
 
-        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
+        loss, sample_size, logging_output = self._loss(model, sample, reduce)
 
         if self.guard:
             loss, logging_output = self._check_loss(model, sample, loss, sample_size, logging_output, update)
@@ -207,6 +224,44 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
                 logging_output[f"{XATTN_PREFIX}{index}"] = cross_ratio.get(index, 0.0)
         return loss, sample_size, logging_output
 
+    def _loss(self, model, sample, reduce):
+        """fairseq's label-smoothed cross-entropy (its own forward: nothing else runs when CrossConST is off or
+        in evaluation), or, with --crossconst-alpha in training, the same plus CrossConST's term."""
+        if not (self.crossconst_alpha > 0 and model.training):
+            return super().forward(model, sample, reduce=reduce)
+        # fairseq's LabelSmoothedCrossEntropyCriterion.forward (compute_loss's two lines, keeping its log-probabilities
+        # for the term), with the term added to the loss
+        net_output = model(**sample["net_input"])
+        lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx, reduce=reduce)
+        kl = self._crossconst(model, lprobs, target, sample, reduce)
+        loss = loss + self.crossconst_alpha * kl.view_as(loss)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "crossconst": kl.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+        return loss, sample_size, logging_output
+
+    def _crossconst(self, model, lprobs, target, sample, reduce):
+        """KL(f(x) || f(y)) summed over the target positions (``lprobs``, ``target``: the cross-entropy's, x given):
+        a second forward, on the target as the source."""
+        ln_monitor = getattr(self, "_ln_monitor", None)
+        ln_values = ln_monitor.collect() if ln_monitor is not None else None  # the first forward's, logged
+        mirror_output = model(**self._target_as_source(sample))
+        if ln_monitor is not None:
+            ln_monitor.values = ln_values
+        lprobs_y, _ = self.get_lprobs_and_target(model, mirror_output, sample)  # --ignore-prefix-size as for x
+        return divergence(lprobs, lprobs_y, target, self.padding_idx, reduce)
+
     def _check_loss(self, model, sample, loss, sample_size, logging_output, update):
         loss_sum = loss.item()
         per_token = loss_sum / max(float(sample_size), 1.0) / math.log(2)
@@ -224,6 +279,8 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             # zero loss that still reaches every parameter (fairseq's ignore_grad idiom, NaN-safe)
             zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
             logging_output.update(loss=zero.detach(), nll_loss=zero.detach(), skipped_batches=1)
+            if "crossconst" in logging_output:
+                logging_output["crossconst"] = zero.detach()
             return zero, logging_output
         if self.rollback:
             # no rank may stop alone: a non-finite gradient makes every rank's gradient non-finite after
@@ -288,6 +345,10 @@ class DiagnosticLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         def total(key):
             return sum(float(log.get(key, 0)) for log in logging_outputs)
 
+        if any("crossconst" in log for log in logging_outputs):  # training with --crossconst-alpha: as fairseq's loss
+            sample_size = total("sample_size")
+            metrics.log_scalar("crossconst", total("crossconst") / max(sample_size, 1.0) / math.log(2), sample_size,
+                               round=3)
         n = total("update_norm_n")
         if n > 0:
             metrics.log_scalar("update_norm", total("update_norm_sum") / n, priority=900, round=4)

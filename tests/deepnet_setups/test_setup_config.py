@@ -138,7 +138,8 @@ def test_dry_run_single_gpu_postln_and_cpu_gloo(capsys):
 
 
 def test_bad_arch_and_bad_gpu_count_fail_with_one_line(capsys):
-    for args, message in ((["--arch", "rezero"], "error: --arch 'rezero': unknown (choose deepnet, preln or postln)"),
+    for args, message in ((["--arch", "rezero_transformer"], "error: --arch 'rezero_transformer': unknown (choose "
+                                                             "postln, dsinit, admin, rezero, tfixup, preln, dlcl, "),
                           (["--arch", "deepnet", "--gpus", "3"], "does not divide train.batch_tokens 131072"),
                           (["--arch", "deepnet", "--layers", "0,6"], "error: --layers '0,6': expected N or N,M")):
         assert launch.main([str(CONFIGS["wmt17_en_de"]), "--dry-run", *args]) == 2
@@ -289,7 +290,7 @@ def test_every_train_key_is_a_fairseq_option_or_a_launcher_key(capsys):
     assert passed_on and launch.LAUNCHER_KEYS <= set(cfg["train"])
     for key in passed_on:
         option, value = "--" + key.replace("_", "-"), cfg["train"][key]
-        assert (option in argv) if value is True else opts[option] == str(value), key
+        assert (option in argv) if value is True else (option not in argv) if value is None else opts[option] == str(value), key
     assert "--batch-tokens" not in argv and opts["--update-freq"] == "4"
 
 
