@@ -10,7 +10,7 @@
     anything in code are settings, not measurements; the few other numbers a page needs are listed in EXCEPTIONS
     with the reason.
 (c) No page under docs/ chronicles how the work was done (sessions, machines, lanes), and no heading names an issue.
-Links on the pages lead to files and headings that exist.
+Their links are checked with every page by tests/test_findings.py.
 """
 
 import json
@@ -579,26 +579,3 @@ def test_no_page_chronicles_the_work():
     headings = [f"{p.relative_to(ROOT)}: {line}" for p in markdown_pages() for line in p.read_text().splitlines()
                 if re.match(r"#{1,6} .*\bissues? \d", line, flags=re.IGNORECASE)]
     assert not headings, headings
-
-
-def slug(heading):
-    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
-    return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
-
-
-def anchors(path):
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
-    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
-
-
-def test_study_pages_links_lead_somewhere():
-    broken = []
-    for page in [RESULTS / s / "README.md" for s in STUDIES] + [DOCS / "setups.md", DOCS / "findings.md"]:
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
-        for target, anchor in re.findall(r"\]\((?!https?:|mailto:)([^)#\s]*)(?:#([^)\s]*))?\)", text):
-            path = (page.parent / target).resolve() if target else page
-            if not path.exists():
-                broken.append(f"{page.relative_to(ROOT)}: {target}")
-            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
-                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
-    assert not broken, broken
