@@ -487,7 +487,7 @@ def evaluated_run(folder, checkpoint, arch, train_cfg):
         del run["init"]
     fields = {"run": run, "deepnorm": facts.get("deepnorm"), "deepnorm_init": facts.get("init")}
     if train_cfg:
-        fields["config"] = config_block(train_cfg, arch)
+        fields["config"] = config_block(train_cfg, arch, run["device"])
     return fields
 
 

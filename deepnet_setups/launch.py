@@ -197,12 +197,14 @@ def launch_commands(opts, fairseq_args):
             for rank in ranks]
 
 
-def config_block(cfg, arch):
+def config_block(cfg, arch, device):
     """The setup's config as resolved for this run (what was asked: data, model and train sections); the DeepNorm
-    init only where the method takes one. What the run computed with is the record's ``run`` (run_facts)."""
+    init only where the method takes one, the precision only on a GPU. What the run computed with is the record's
+    ``run`` (run_facts)."""
     data = {key: cfg["data"][key] for key in ("train", "valid", "test", "lang_pairs", "lang_tags") if cfg["data"].get(key)}
     model = {k: v for k, v in cfg["model"].items() if k != "deepnorm_init" or records.has_init(arch)}
-    return {"data": {**data, "work": cfg["paths"]["work"]}, "model": model, "train": cfg["train"]}
+    return records.as_given({"data": {**data, "work": cfg["paths"]["work"]}, "model": model, "train": cfg["train"]},
+                            device)
 
 
 def last_checkpoint(folder):
@@ -345,7 +347,7 @@ def main(argv=None):
                   "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **stats,
                   # the largest resident set of any process this launcher waited for (Linux reports KiB)
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
-                  "config": config_block(cfg, opts.arch), "resumed_from": resumed_from}
+                  "config": config_block(cfg, opts.arch, "cpu" if opts.cpu else "cuda"), "resumed_from": resumed_from}
         facts = run_facts(folder, cfg, opts.arch, layers, stats["updates"])
         # a run with nothing left to train logs no losses: its checkpoint says where it stands
         for key in ("updates", "valid_loss"):

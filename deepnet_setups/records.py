@@ -33,6 +33,16 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DISTRIBUTIONS = {"torch": "torch", "fairseq": "fairseq-fixed", "sacrebleu": "sacrebleu"}
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+# train keys the launcher gives fairseq-train on a GPU only (launch.precision_args): a CPU run's config omits them
+GPU_ONLY_TRAIN_KEYS = ("precision", "fp16", "fp16_init_scale", "fp16_scale_window", "fp16_scale_tolerance",
+                       "min_loss_scale", "threshold_loss_scale")
+
+
+def as_given(config, device):
+    """``config`` without the train keys a run on ``device`` was not given (a CPU run computes in fp32)."""
+    if device != "cpu" or not config.get("train"):
+        return config
+    return {**config, "train": {k: v for k, v in config["train"].items() if k not in GPU_ONLY_TRAIN_KEYS}}
 
 
 def has_init(arch):
@@ -91,6 +101,8 @@ def problems(record):
             found.append(f"run.{key} {run[key]} disagrees with the record's {record[key]}")
     if "settings" in record:
         found.append("settings: the config block is named config")
+    if run.get("device") == "cpu" and set(GPU_ONLY_TRAIN_KEYS) & set((record.get("config") or {}).get("train") or {}):
+        found.append("a CPU run's config names GPU-only keys (precision, fp16 loss scale)")
     return found
 
 
@@ -178,6 +190,9 @@ def migrate(record, records_file):
         record["config"] = record.pop("settings")
     if "run" not in record:
         record["run"] = derived_run(record, records_file)
+    if "config" in record:
+        record["config"] = as_given(record["config"], record["run"].get("device"))
+    if "device" in record:
         if record.get("kind") == "eval" and record.get("device") is not None:
             record["eval_device"] = "cpu" if record["device"] == "cpu" else "cuda"
         record.pop("device", None)

@@ -39,7 +39,8 @@ def test_migration_derives_from_the_record_and_leaves_the_unknown_unknown(tmp_pa
                         "train": {"lr": 0.002, "warmup_updates": 100, "seed": 1, "precision": "fp16",
                                   "extra_args": ["--deepnorm-init", "source", "--lr", "0.001"]}}}
     new = records.migrate(old, tmp_path / "results.jsonl")
-    assert "settings" not in new and new["config"] == old["settings"] and "device" not in new
+    assert "settings" not in new and "device" not in new
+    assert new["config"]["model"] == old["settings"]["model"] and "precision" not in new["config"]["train"]
     assert new["eval_device"] == "cpu"
     assert new["run"] == {"device": "cpu", "gpu": None, "precision": "fp32", "width": 64, "ffn": 256, "heads": 4,
                           "encoder_layers": 6, "decoder_layers": 6, "lr": 0.001, "warmup_updates": 100, "seed": 1,
@@ -53,8 +54,10 @@ def test_migration_derives_from_the_record_and_leaves_the_unknown_unknown(tmp_pa
 def test_a_record_that_misstates_its_run_is_named():
     record = {"arch": "preln", "encoder_layers": 6, "run": {key: None for key in records.RUN_KEYS}}
     record["run"].update(device="cpu", precision="fp16", encoder_layers=10)
+    record["config"] = {"train": {"precision": "fp16"}}
     assert records.problems(record) == ["run.init is not a field of the schema", "a CPU run computes in fp32, not fp16",
-                                        "run.encoder_layers 10 disagrees with the record's 6"]
+                                        "run.encoder_layers 10 disagrees with the record's 6",
+                                        "a CPU run's config names GPU-only keys (precision, fp16 loss scale)"]
     assert records.problems({"arch": "deepnet"}) == ["no run block"]
 
 

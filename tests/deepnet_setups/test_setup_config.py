@@ -404,8 +404,10 @@ def test_deepnorm_init_is_a_setup_option_that_names_the_run_folder(capsys):
     assert folder_and_init("--arch", "deepnet", "model.deepnorm_init=torchscale") == ("deepnet_torchscale", "torchscale")
     assert folder_and_init("--arch", "preln", "model.deepnorm_init=source") == ("preln", None)  # DeepNet's only
     cfg = cfgmod.load(CONFIGS["iwslt14_de_en"], ["model.deepnorm_init=source"])
-    assert launch.config_block(cfg, "deepnet")["model"]["deepnorm_init"] == "source"
-    assert "deepnorm_init" not in launch.config_block(cfg, "preln")["model"]  # a Pre-LN record names no init
+    assert launch.config_block(cfg, "deepnet", "cuda")["model"]["deepnorm_init"] == "source"
+    assert "deepnorm_init" not in launch.config_block(cfg, "preln", "cuda")["model"]  # a Pre-LN record names no init
+    assert launch.config_block(cfg, "preln", "cuda")["train"]["precision"] == "fp16"
+    assert "precision" not in launch.config_block(cfg, "preln", "cpu")["train"]  # a CPU run computes in fp32
     with pytest.raises(cfgmod.ConfigError, match="key 'model.deepnorm_init' must be one of paper, torchscale, source, "
                                                  "got 'sorce'"):
         cfgmod.load(CONFIGS["iwslt14_de_en"], ["model.deepnorm_init=sorce"])  # a typo fails when the config loads
