@@ -1,8 +1,8 @@
 """The papers' stability figures at their own scale, from one command (``scripts/figures.sh``).
 
 - DeepNet Fig. 5 (``fig5_update_norm.{csv,png}``): the model update ||F(x,θ_t) − F(x,θ_0)|| in the
-  early stage of training, Post-LN vs DeepNet, 64-128-2 models (d64, FFN 128, 2 heads) at 6L-6L,
-  18L-18L, 50L-50L and 100L-100L, IWSLT-14's schedule (lr 5e-4, inverse-sqrt, 4,000 warm-up updates
+  early stage of training, Post-LN vs DeepNet (``--fig5-methods``: any methods and init variants), 64-128-2
+  models (d64, FFN 128, 2 heads) at 6L-6L, 18L-18L, 50L-50L and 100L-100L (``--depths``), IWSLT-14's schedule (lr 5e-4, inverse-sqrt, 4,000 warm-up updates
   from 1e-7). The probe F is the top decoder layer's output (``features_only``) on a fixed batch,
   in eval mode. That output is LayerNorm-ed, so the norm cannot exceed about sqrt(2d) ≈ 11.3 for
   uncorrelated outputs; during the first updates of the warm-up the learning rate is small
@@ -17,7 +17,11 @@
 
 Training is the depth sweep's (``sweep.train_one``) on the first 3,000 Multi30k de-en pairs; every
 finished run is kept (``OUT/runs/*/.done``), so an interrupted command resumes. ``--tiny`` runs the
-same code in seconds (the tests use it).
+same code in seconds (the tests use it). The Fig. 5 CSV gains rows: a call's (method, depth) rows replace the
+ones it finds and the others stay, so ``--fig5-only`` adds methods or depths to the committed figure, e.g.
+
+    scripts/figures.sh --fig5-only --fig5-methods postln,preln,deepnet,deepnet_source --depths 250,500 \
+        --updates 50 --checkpoint-activations
 """
 
 import argparse
@@ -47,7 +51,7 @@ PRELN = "preln_transformer_iwslt_de_en"
 SHAPE = runner.SHAPES["tiny"]  # sweep.train_one's with tiny=True
 CAP = math.sqrt(2 * SHAPE["decoder_embed_dim"])  # the LayerNorm-ed probe's norm for uncorrelated outputs
 FIG5 = ("postln", "deepnet")  # method-list: chosen (DeepNet's Fig. 5 sets these two side by side)
-FAMILY = {deepnet_methods.METHODS[name].arch(sweep.SIZE): name for name in FIG5}  # Fig. 5's arch -> its method
+FIG3_WARMUP_RUN = {"postln": "postln_warmup", "deepnet": "deepnet_warmup"}  # Fig. 5's runs that Fig. 3 trains too
 
 
 def parse_args(argv):
@@ -57,18 +61,56 @@ def parse_args(argv):
     p.add_argument("--figures", default="docs/figures", help="where the CSVs and PNGs go (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="2L/3L, 6 updates: checks the code in seconds")
+    p.add_argument("--fig5-methods", default=",".join(FIG5),
+                   help="Fig. 5's methods or init variants, comma-separated, of: "
+                        f"{', '.join(deepnet_methods.names(variants=True))} (default: %(default)s)")
+    p.add_argument("--depths", help="Fig. 5's depths N (NL-NL), comma-separated (default: 6,18,50,100; --tiny 2,3)")
+    p.add_argument("--updates", type=int, help="Fig. 5's updates per run (default: 200; --tiny 6)")
+    p.add_argument("--fig5-only", action="store_true",
+                   help="only Fig. 5's runs (no Fig. 3 runs), and only those whose rows the Fig. 5 CSV lacks")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="fairseq's --checkpoint-activations in Fig. 5's runs (same numbers, less memory: 250L and up)")
     args = p.parse_args(argv)
+    args.fig5_methods = args.fig5_methods.split(",")
+    unknown = [m for m in args.fig5_methods if m not in deepnet_methods.names(variants=True)]
+    if unknown:
+        p.error(f"--fig5-methods: unknown {', '.join(unknown)}")
+    try:
+        args.depths = [int(d) for d in args.depths.split(",")] if args.depths else None
+    except ValueError:
+        p.error(f"--depths '{args.depths}': expected numbers, e.g. 250,500")
+    if (args.updates is not None and args.updates < 2) or min(args.depths or [1]) < 1:
+        p.error("--updates must be >= 2 and --depths >= 1")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
     return args
 
 
-def run_args(out, setting, warmup, hooks=False):
+def run_args(out, setting, warmup, hooks=False, options=None):
     """The sweep's per-run options for one of our runs: the update norm every ``probe_every`` updates, and
-    with ``hooks`` the per-sublayer gradient norms and LayerNorm inputs as well."""
+    with ``hooks`` the per-sublayer gradient norms and LayerNorm inputs as well; ``options``: more fairseq options."""
     return Namespace(out=out, tiny=True, bleu=False, max_tokens=1000, updates=setting["updates"],
-                     lr=PAPER_SCHEDULE["lr"], warmup=warmup, extra=[],
+                     lr=PAPER_SCHEDULE["lr"], warmup=warmup, extra=[], options=options or {},
                      diag={**(sweep.HOOKS if hooks else {}), "diag_update_norm_interval": setting["probe_every"]})
+
+
+def fig5_job(out, setting, name, depth, checkpoint_activations):
+    """The sweep job of Fig. 5's run of method or init variant ``name`` at NL-NL."""
+    method, init = deepnet_methods.resolve(name)
+    options = {**({"deepnorm_init": init} if init else {}),
+               **({"checkpoint_activations": True} if checkpoint_activations else {})}
+    run_name = f"fig5_{name}_L{depth}_u{setting['updates']}"
+    return run_args(out, setting, PAPER_SCHEDULE["warmup"], options=options), method.arch(sweep.SIZE), depth, 1, run_name
+
+
+def read_fig5(path):
+    """{(method, depth): {updates taken: update norm}} of a Fig. 5 CSV ({} where there is none)."""
+    rows = {}
+    if Path(path).exists():
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                rows.setdefault((r["arch"], int(r["layers"])), {})[int(r["update"])] = float(r["update_norm"])
+    return rows
 
 
 def read_curves(run_dir):
@@ -104,86 +146,129 @@ def by_layer(curves, prefix, suffix, layers, update):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     setting = TINY if args.tiny else FULL
+    fig5_setting = dict(setting, updates=args.updates or setting["updates"])
     out, figures = Path(args.out), Path(args.figures)
     out.mkdir(parents=True, exist_ok=True)
     figures.mkdir(parents=True, exist_ok=True)
     start = time.time()
     data = sweep.build_default_data(out, setting["pairs"])
-    lean = run_args(out, setting, PAPER_SCHEDULE["warmup"])
     d3 = setting["fig3_depth"]
-    # Fig. 5 at Fig. 3's depth is Fig. 3's warm-up run: same training, more diagnostics (which leave it unchanged)
-    jobs = [(lean, arch, depth, 1, None) for arch in FAMILY for depth in setting["depths"] if depth != d3]
-    for name, arch, warmup, _ in FIG3_RUNS:
-        jobs.append((run_args(out, setting, warmup, hooks=True), arch, d3, 1, f"fig3_{name}_L{d3}"))
-    jobs.append((run_args(out, dict(setting, updates=1), PAPER_SCHEDULE["warmup"], hooks=True), PRELN, d3, 1,
-                 f"fig3_preln_L{d3}"))
+    jobs = []
+    if not args.fig5_only:
+        for name, arch, warmup, _ in FIG3_RUNS:
+            jobs.append((run_args(out, setting, warmup, hooks=True), arch, d3, 1, f"fig3_{name}_L{d3}"))
+        jobs.append((run_args(out, dict(setting, updates=1), PAPER_SCHEDULE["warmup"], hooks=True), PRELN, d3, 1,
+                     f"fig3_preln_L{d3}"))
+    fig5 = read_fig5(figures / "fig5_update_norm.csv")  # the rows of methods and depths not run here stay
+    fig5_runs = {}  # (method, depth) -> its run folder's name
+    for name in args.fig5_methods:
+        for depth in args.depths or setting["depths"]:
+            if args.fig5_only and (name, depth) in fig5:
+                continue  # the CSV holds this run (a machine without OUT/runs goes on from the committed figure)
+            if jobs and name in FIG3_WARMUP_RUN and depth == d3 and fig5_setting["updates"] == setting["updates"]:
+                # Fig. 3's warm-up run is this one: the same training, more diagnostics (which leave it unchanged)
+                fig5_runs[name, depth] = f"fig3_{FIG3_WARMUP_RUN[name]}_L{d3}"
+            else:
+                jobs.append(fig5_job(out, fig5_setting, name, depth, args.checkpoint_activations))
+                fig5_runs[name, depth] = jobs[-1][4]
     jobs.sort(key=lambda job: -job[2])  # deepest first: the longest runs start first
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda job: (job, sweep.train_one(job[0], data, *job[1:])), jobs))
     for (_, arch, depth, _, name), r in results:
-        print(f"{name or arch:40s} {depth:>3d}L: {r['updates']} updates in {r['wall_s']} s"
+        print(f"{name:40s} {depth:>3d}L: {r['updates']} updates in {r['wall_s']} s"
               + (f", diverged: {r['reason']}" if r["diverged"] == "yes" else ""), flush=True)
 
-    run_dir = {(job[1], job[2], job[4]): out / "runs" / (job[4] or f"{job[1]}_L{job[2]}_s1") for job, _ in results}
-    for name, arch, warmup, _ in FIG3_RUNS:
-        if warmup == PAPER_SCHEDULE["warmup"]:
-            run_dir[arch, d3, None] = run_dir[arch, d3, f"fig3_{name}_L{d3}"]
-    fig5 = [(FAMILY[arch], depth, update_norms(read_curves(run_dir[arch, depth, None])))
-            for arch in FAMILY for depth in setting["depths"]]
-    fig3 = {name: read_curves(run_dir[arch, d3, f"fig3_{name}_L{d3}"]) for name, arch, _, _ in FIG3_RUNS}
-    fig3["preln"] = read_curves(run_dir[PRELN, d3, f"fig3_preln_L{d3}"])
-    marks = sorted({u for u in (setting["updates"] // 8, setting["updates"] // 4, setting["updates"] // 2) if u > 1}
-                   | {setting["updates"]})
-    summary = ["DeepNet Fig. 5: the largest model update ||F(x,θ_t) − F(x,θ_0)|| up to update u, Post-LN / DeepNet "
-               f"(the LayerNorm-ed probe caps it near sqrt(2d) = {CAP:.1f})",
-               "  depth    " + "".join(f"{'u<=' + str(u):>26}" for u in marks)]
-    for depth in setting["depths"]:
-        cells = []
-        for u in marks:
-            peak = {family: max([v for k, v in series.items() if k <= u], default=math.nan)
-                    for family, d, series in fig5 if d == depth}
-            cells.append(f"{peak['postln']:.3f} / {peak['deepnet']:.3f} = {ratio(peak['postln'], peak['deepnet']):4.1f}x")
-        summary.append(f"  {depth:>3d}L-{depth}L" + "".join(f"{c:>26}" for c in cells))
+    fig5.update({key: update_norms(read_curves(out / "runs" / run)) for key, run in fig5_runs.items()})
+    summary = fig5_summary(fig5)
     print("\n".join(summary))
-    for path in write_outputs(figures, fig5, fig3, setting):
+    written = write_fig5(figures, fig5)
+    if not args.fig5_only:
+        fig3 = {name: read_curves(out / "runs" / f"fig3_{name}_L{d3}") for name, _, _, _ in FIG3_RUNS}
+        fig3["preln"] = read_curves(out / "runs" / f"fig3_preln_L{d3}")
+        written += write_fig3(figures, fig3, setting)
+    for path in written:
         print(f"wrote {path}")
     (figures / "figures_summary.txt").write_text("\n".join(summary) + "\n", encoding="utf-8")
     print(f"figures: {len(jobs)} runs in {time.time() - start:.0f} s")
 
 
-def write_outputs(figures, fig5, fig3, setting):
+def run_length(series):
+    """The updates of a Fig. 5 run: its last probe plus the probe interval (the probe is not taken at the end)."""
+    probed = sorted(series)
+    return probed[-1] + (probed[-1] - probed[-2] if len(probed) > 1 else 1)
+
+
+def fig5_summary(fig5):
+    """Per depth, each method's largest update up to u beside Post-LN's, at u = 1/8, 1/4, 1/2 and all of the
+    depth's updates."""
+    lines = ["DeepNet Fig. 5: the largest model update ||F(x,θ_t) − F(x,θ_0)|| up to update u, Post-LN / each method "
+             f"(the LayerNorm-ed probe caps it near sqrt(2d) = {CAP:.1f})"]
+    for depth in sorted({d for _, d in fig5}):
+        updates = max(run_length(series) for (_, d), series in fig5.items() if d == depth)
+        marks = sorted({u for u in (updates // 8, updates // 4, updates // 2) if u > 1} | {updates})
+        lines.append(f"  {f'{depth}L-{depth}L':<10} {'':22}" + "".join(f"{'u<=' + str(u):>26}" for u in marks))
+        post = fig5.get(("postln", depth))
+        for method in sorted({m for m, d in fig5 if d == depth and m != "postln"}, key=deepnet_methods.order):
+            cells = []
+            for u in marks:
+                peak = max([v for k, v in fig5[method, depth].items() if k <= u], default=math.nan)
+                if post is None:
+                    cells.append(f"{peak:.3f}")
+                    continue
+                post_peak = max([v for k, v in post.items() if k <= u], default=math.nan)
+                cells.append(f"{post_peak:.3f} / {peak:.3f} = {ratio(post_peak, peak):4.1f}x")
+            lines.append(f"  {f'{depth}L-{depth}L':<10} {deepnet_methods.label(method, init_named=True):22}"
+                         + "".join(f"{c:>26}" for c in cells))
+    return lines
+
+
+def write_fig5(figures, fig5):
+    """fig5_update_norm.{csv,png}: rows in method and depth order; a panel per method, a line per depth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(fig5, key=lambda key: (deepnet_methods.order(key[0]), key[1]))
+    with open(figures / "fig5_update_norm.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["arch", "layers", "update", "update_norm"])
+        for method, depth in keys:
+            w.writerows([method, depth, u, v] for u, v in sorted(fig5[method, depth].items()))
+    methods = list(dict.fromkeys(method for method, _ in keys))
+    depths = sorted({depth for _, depth in keys})
+    columns = min(len(methods), 4)
+    rows = -(-len(methods) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns + 1, 3.6 * rows), sharey=True, squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for ax, method in zip(axes.flat, methods):
+        for i, depth in enumerate(depths):
+            series = fig5.get((method, depth))
+            if series:
+                xs = sorted(series)
+                ax.plot(xs, [series[u] for u in xs], color=cmap(i / max(len(depths) - 1, 1)), label=f"{depth}L-{depth}L")
+        ax.axhline(CAP, color="grey", ls=":", lw=1)
+        ax.text(0, CAP, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
+        ax.set(title=deepnet_methods.label(method, init_named=True), xlabel="update", yscale="log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("||F(x,θ_t) − F(x,θ_0)||")
+    fig.suptitle(f"Model update in the early stage of training, {runner.shape_name(SHAPE)} models, lr 5e-4 "
+                 "with 4k warm-up (DeepNet Fig. 5)", fontsize=10)
+    fig.tight_layout()
+    return [figures / "fig5_update_norm.csv", save_figure(fig, figures / "fig5_update_norm.png")]
+
+
+def write_fig3(figures, fig3, setting):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    with open(figures / "fig5_update_norm.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["arch", "layers", "update", "update_norm"])
-        for family, depth, series in fig5:
-            w.writerows([family, depth, u, v] for u, v in sorted(series.items()))
-    written.append(figures / "fig5_update_norm.csv")
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    cmap = plt.get_cmap("viridis")
-    for ax, family in zip(axes, FIG5):
-        for i, depth in enumerate(setting["depths"]):
-            series = next(s for f_, d, s in fig5 if f_ == family and d == depth)
-            xs = sorted(series)
-            ax.plot(xs, [series[u] for u in xs], color=cmap(i / max(len(setting["depths"]) - 1, 1)),
-                    label=f"{depth}L-{depth}L")
-        ax.axhline(CAP, color="grey", ls=":", lw=1)
-        ax.text(0, CAP, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
-        ax.set(title=deepnet_methods.label(family), xlabel="update", yscale="log")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("||F(x,θ_t) − F(x,θ_0)||")
-    fig.suptitle(f"Model update in the early stage of training, {runner.shape_name(SHAPE)} models, lr 5e-4 "
-                 "with 4k warm-up (DeepNet Fig. 5)", fontsize=10)
-    fig.tight_layout()
-    written.append(save_figure(fig, figures / "fig5_update_norm.png"))
-
     d3, last = setting["fig3_depth"], setting["updates"]
     with open(figures / "fig3_18L.csv", "w", newline="") as f:
         w = csv.writer(f)

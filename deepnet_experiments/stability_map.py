@@ -20,6 +20,7 @@ A cell
 """
 
 import argparse
+import csv
 import json
 import math
 import subprocess
@@ -91,7 +92,8 @@ def parse_args(argv):
     p.add_argument("--jobs", type=int, default=1, help="cells in parallel, one thread each (default: %(default)s)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: classify the finished cells in OUT/runs and write the CSV and figures")
-    p.add_argument("--csv", help="also copy the CSV here (e.g. docs/figures/stability_map.csv)")
+    p.add_argument("--csv", help="also write the CSV here (e.g. docs/figures/stability_map.csv), keeping the cells "
+                                 "it holds and OUT has not run; a cell it holds is not trained again")
     p.add_argument("--figures", help="write one heatmap per method here (e.g. docs/figures)")
     args = p.parse_args(argv)
     args.methods = parse_methods(p, args.methods)
@@ -172,13 +174,36 @@ def classify(result, curves, valid_nll, unigram, uniform, args):
     return "trains", "", last_src_dep
 
 
+def cell_key(row):
+    """A cell's identity in the map: method (older aliases as their variant), depth, lr, warm-up."""
+    return deepnet_methods.canonical(row["method"]), int(row["depth"]), float(row["lr"]), int(row["warmup"])
+
+
+def committed_cells(path):
+    """{cell_key: row} of a map CSV written before (--csv; {} where there is none): what a machine without
+    OUT/runs knows was run."""
+    if not path or not Path(path).exists():
+        return {}
+    def value(field, text):  # as main() builds a row: integers, floats, and text ('' where a run had none)
+        if field in ("depth", "warmup", "updates"):
+            return int(text)
+        if field in ("method", "status", "reason") or text == "":
+            return text
+        return float(text)
+
+    with open(path, newline="") as f:
+        return {cell_key(r): {k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)}
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = Path(args.data) if args.data else build_data(args)
     unigram, uniform = target_entropies(data)
-    grid = [] if args.report_only else cells(args)
+    committed = committed_cells(args.csv)
+    grid = [] if args.report_only else [cell for cell in cells(args) if cell_key(dict(
+        zip(("method", "depth", "lr", "warmup"), cell))) not in committed]
     start = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda cell: run_cell(args, data, *cell), grid))
@@ -195,6 +220,8 @@ def main(argv=None):
                      "final_train_loss": result["final_train_loss"], "src_dep": round(src_dep, 4),
                      "unigram_entropy": round(unigram, 4), "uniform_entropy": round(uniform, 4),
                      "reason": reason, "wall_s": result["wall_s"]})
+    ran = {cell_key(r) for r in rows}
+    rows += [r for key, r in committed.items() if key not in ran]
     rows.sort(key=lambda r: (deepnet_methods.order(r["method"]), r["warmup"], r["depth"], r["lr"]))
     sweep.write_csv(out / "map.csv", FIELDS, [[r[k] for k in FIELDS] for r in rows])
     if args.csv:

@@ -14,9 +14,12 @@ What is exported, and why it is exact:
   bias) by its layer's alpha (the ``deepnorm_alpha`` buffer the checkpoint holds) leaves a Post-LN
   Transformer whose only difference is LayerNorm's eps: fairseq's 1e-5 where 1e-5/alpha^2 is exact.
 - ``deepnet_transformer_lm`` -> ``transformer_lm`` by the same fold.
+- ``lns_transformer`` -> ``transformer`` with ``--*-normalize-before``: ``s * LN(x)`` is a LayerNorm whose weight
+  and bias are times s, so each scaled LayerNorm's weight and bias are multiplied by its ``lns_scale`` buffer.
 - ``preln_transformer`` / ``postln_transformer`` -> ``transformer`` (their weights are fairseq's, with
   ``--{encoder,decoder}-normalize-before`` on / off); fairseq's own ``transformer`` passes through.
-- Every other architecture is refused: none has an exact equivalent in plain fairseq.
+- Every other architecture is refused: none has an exact equivalent in plain fairseq (the method registry,
+  deepnet_methods, says which export each method takes, and why where none).
 
 The file written holds only plain dicts, lists, numbers, strings and tensors (``cfg`` as dicts with
 ``cfg.model._name`` set): it loads with torch's default weights-only unpickling, without the plugin,
@@ -49,6 +52,7 @@ from pathlib import Path
 import torch
 
 import deepnet_fairseq  # noqa: F401  (architectures; weights-only allow-list; checked checkpoint loading)
+import deepnet_methods
 from deepnet_fairseq.training import CorruptCheckpointError
 from deepnet_fairseq.translate import DEPLOY_FILE
 
@@ -139,6 +143,16 @@ def fold_deepnorm_alpha(state_dict):
     return folded, alphas
 
 
+def fold_lns_scale(state_dict):
+    """Multiply each LayerNorm Scaling LayerNorm's weight and bias by its ``lns_scale`` and drop the buffers."""
+    folded = dict(state_dict)
+    for key in [k for k in state_dict if k.endswith(".lns_scale")]:
+        prefix, scale = key.removesuffix("lns_scale"), folded.pop(key).double()
+        for param in ("weight", "bias"):
+            folded[prefix + param] = (folded[prefix + param].double() * scale).to(folded[prefix + param].dtype)
+    return folded
+
+
 # -- plain fairseq cfg --------------------------------------------------------------------------
 
 def transformer_option_names():
@@ -220,8 +234,17 @@ def check_plain(value, where="exported"):
 
 # -- export to fairseq --------------------------------------------------------------------------
 
-SUPPORTED = ("deepnet_transformer", "deepnet_transformer_lm", "preln_transformer", "postln_transformer",
-             "transformer", "transformer_lm")
+# fairseq model name -> how it becomes plain fairseq: the registry's methods, and the language models
+EXPORTS = {**deepnet_methods.exports(), "deepnet_transformer_lm": deepnet_methods.FOLD,
+           "transformer_lm": deepnet_methods.AS_IS}
+
+
+def refusal(name, arch):
+    """Why architecture ``arch`` (model ``name``) cannot be exported, in one line."""
+    method = deepnet_methods.of_arch(arch)
+    why = f" ({method.no_export})" if method and method.no_export else ""
+    return (f"architecture '{arch}' ({name}) has no exact equivalent in plain fairseq{why}; "
+            f"export supports {', '.join(EXPORTS)}")
 
 
 def to_plain_fairseq(state, source="checkpoint"):
@@ -239,17 +262,17 @@ def to_plain_fairseq(state, source="checkpoint"):
 def plain_fairseq_state(state):
     options = model_options(state["cfg"])
     name, arch = model_name(options)
-    if name not in SUPPORTED:
-        raise ExportError(f"architecture '{arch}' ({name}) has no exact equivalent in plain fairseq; "
-                          f"export supports {', '.join(SUPPORTED)}")
+    if name not in EXPORTS:
+        raise ExportError(refusal(name, arch))
     if options.get("encoder_drop_residual_layer") is not None:
         raise ExportError(f"--encoder-drop-residual-layer {options['encoder_drop_residual_layer']}: plain fairseq's "
                           "layers always keep their residual connections; no exact equivalent")
     lm = name in ("deepnet_transformer_lm", "transformer_lm")
-    if name.startswith("deepnet_"):
-        weights, alphas = fold_deepnorm_alpha(state["model"])
-    else:
-        weights, alphas = dict(state["model"]), {"encoder": None, "decoder": None}
+    weights, alphas = dict(state["model"]), {"encoder": None, "decoder": None}
+    if EXPORTS[name] == deepnet_methods.FOLD:
+        weights, alphas = fold_deepnorm_alpha(weights)
+    elif EXPORTS[name] == deepnet_methods.SCALE:
+        weights = fold_lns_scale(weights)
     # 1.0 where there is no DeepNorm: that stack's LayerNorm eps is exact as it is
     alphas = {stack: alphas[stack] or 1.0 for stack in (("decoder",) if lm else ("encoder", "decoder"))}
     normalize_before = bool(options.get("decoder_normalize_before", False))

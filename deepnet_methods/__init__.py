@@ -23,6 +23,7 @@ SIZES = tuple(POSTLN_ARCHS)
 
 # how deepnet_fairseq.export turns a checkpoint into fairseq's plain ``transformer`` (None: refused, no exact equal)
 FOLD = "fold"  # a DeepNorm residual: each branch's output projection divided by its layer's alpha
+SCALE = "scale"  # LayerNorm Scaling: each scaled LayerNorm's weight and bias times its lns_scale buffer (Pre-LN)
 AS_IS = "as_is"  # fairseq's own layers: the weights pass through, --*-normalize-before as trained
 
 
@@ -31,7 +32,8 @@ class Method:
     name: str  # the setups' --arch (scripts/train_iwslt.sh --arch NAME); a run folder's and a table row's name
     family: str  # the plugin's fairseq model; a size variant's arch is <family>_<size>
     label: str  # in tables and plots
-    export: str | None = None  # FOLD, AS_IS or None
+    export: str | None = None  # FOLD, SCALE, AS_IS or None
+    no_export: str = ""  # where export is None: why no plain fairseq model equals it (export's refusal says it)
     pre_ln: bool = False  # LayerNorm at the start of each branch: fairseq's --*-normalize-before on (else Post-LN-like)
     zoo: bool = False  # a Table 1 baseline; the others (Post-LN, Pre-LN, DeepNet) are every driver's default set
     inits: tuple = ()  # the --deepnorm-init names it takes, the default first (deepnorm.DEEPNORM_INITS: their home)
@@ -77,10 +79,13 @@ METHODS = {m.name: m for m in (
     Method("subln", "subln_transformer", "Sub-LN", pre_ln=True, zoo=True),
     Method("b2t", "b2t_transformer", "B2T", zoo=True),
     Method("residual", "residual_transformer", "ResiDual", zoo=True),
-    Method("periln", "periln_transformer", "Peri-LN", pre_ln=True, zoo=True),
-    Method("mixln", "mixln_transformer", "Mix-LN", pre_ln=True, zoo=True),
-    Method("lns", "lns_transformer", "LayerNorm Scaling", pre_ln=True, zoo=True),
-    Method("dyt", "dyt_transformer", "DyT", pre_ln=True, zoo=True),
+    Method("periln", "periln_transformer", "Peri-LN", pre_ln=True, zoo=True,
+           no_export="its LayerNorm on each branch's output has no place in fairseq's layers"),
+    Method("mixln", "mixln_transformer", "Mix-LN", pre_ln=True, zoo=True,
+           no_export="Post-LN and Pre-LN layers in one stack; fairseq's --*-normalize-before is one per stack"),
+    Method("lns", "lns_transformer", "LayerNorm Scaling", SCALE, pre_ln=True, zoo=True),
+    Method("dyt", "dyt_transformer", "DyT", pre_ln=True, zoo=True,
+           no_export="DyT has no LayerNorm (tanh(alpha*x) in its place), and fairseq's layers have no DyT"),
     Method("deepnet", "deepnet_transformer", "DeepNet", FOLD, inits=("paper", "torchscale", "source")),
 )}
 VARIANTS = {v.name: v for v in (
@@ -160,5 +165,5 @@ def of_arch(arch):
 
 
 def exports():
-    """{fairseq model name: FOLD or AS_IS} of every method deepnet_fairseq.export can make plain fairseq."""
+    """{fairseq model name: FOLD, SCALE or AS_IS} of every method deepnet_fairseq.export can make plain fairseq."""
     return {model: m.export for m in methods() if m.export for model in m.models()}

@@ -68,6 +68,13 @@ def test_one_cell_end_to_end_then_resumed(multi30k_bin, tmp_path):
     again = run(cmd, cwd=ROOT)  # the finished cell is kept, not retrained
     assert "1 cells in" in again.stdout and list(csv.DictReader(open(tmp_path / "map" / "map.csv"))) == rows
     assert first.stdout.splitlines()[0] == again.stdout.splitlines()[0]
+    # a machine without OUT/runs: the cell that --csv holds is kept, not trained again
+    committed = tmp_path / "committed.csv"
+    run([*cmd, "--csv", committed], cwd=ROOT)
+    fresh = run([*cmd[:3], tmp_path / "fresh", *cmd[4:], "--csv", committed], cwd=ROOT)
+    assert "0 cells in this call" in fresh.stdout
+    assert list(csv.DictReader(open(tmp_path / "fresh" / "map.csv"))) == rows
+    assert list(csv.DictReader(open(committed))) == rows
 
 
 COMMITTED = ROOT / "docs" / "figures" / "stability_map.csv"

@@ -197,6 +197,38 @@ def test_renamed_preln_is_fairseq_transformer_with_same_scores_and_hypotheses(se
     assert difference == 0.0  # a rename: the same modules, the same weights
 
 
+def test_layernorm_scaling_folds_into_fairseq_preln_transformer(setup, tmp_path):
+    """s * LN(x) is LN(x) with weight and bias times s: the exported Pre-LN transformer scores as LNS does."""
+    checkpoint = in_process_checkpoint(tmp_path / "lns.pt", setup["bin"], [
+        "--arch", "lns_transformer", "--encoder-layers", "2", "--decoder-layers", "3", *SMALL])
+    state = torch.load(checkpoint, weights_only=False)
+    generator = torch.Generator().manual_seed(0)
+    for key in [k for k in state["model"] if "layer_norm." in k and not k.endswith("lns_scale")]:  # gains, biases off 1, 0
+        state["model"][key] += 0.5 * torch.randn(state["model"][key].shape, generator=generator)
+    torch.save(state, checkpoint)
+    scales = {k: float(v) for k, v in state["model"].items() if k.endswith("lns_scale")}
+    assert sorted(set(scales.values()))[:2] == pytest.approx([1 / 3 ** 0.5, 1 / 2 ** 0.5])
+    exported = export_to(checkpoint, "transformer", tmp_path / "lns_as_transformer.pt")
+    plain = torch.load(exported, weights_only=True)
+    assert plain["cfg"]["model"]["encoder_normalize_before"] and not [k for k in plain["model"] if "lns" in k]
+    key = "decoder.layers.2.final_layer_norm.bias"
+    assert torch.allclose(plain["model"][key], state["model"][key] / 3 ** 0.5)
+    assert_fold_exact(checkpoint, exported, setup["bin"])
+
+
+@pytest.mark.parametrize("arch", ["periln_transformer", "mixln_transformer", "dyt_transformer"])
+def test_schemes_without_a_plain_equivalent_are_refused_naming_why(setup, tmp_path, capsys, arch):
+    import deepnet_methods
+
+    checkpoint = in_process_checkpoint(tmp_path / f"{arch}.pt", setup["bin"], [
+        "--arch", arch, "--encoder-layers", "4", "--decoder-layers", "4", *SMALL])
+    capsys.readouterr()
+    assert export.main([str(checkpoint), "--to", "transformer", str(tmp_path / "out.pt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and deepnet_methods.of_arch(arch).no_export in err, err
+    assert not (tmp_path / "out.pt").exists()
+
+
 @pytest.mark.parametrize("arch", ["postln_transformer", "transformer"])
 def test_post_ln_passes_through_unchanged(setup, tmp_path, arch):
     checkpoint = in_process_checkpoint(tmp_path / f"{arch}.pt", setup["bin"], [

@@ -10,13 +10,17 @@ usage() {
 Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-dir DIR]
 
   LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3 and 2e-3
-                    to 300 updates (the probe); at the rate with the lower valid loss, the probe continues to 500 and
-                    1,000 updates, then 100L-100L and 50L-50L likewise; Pre-LN and Post-LN at 500L-500L to 200
+                    to 300 updates (the probe); at the rate with the lower valid loss, 500L-500L to 500 updates,
+                    100L-100L and 50L-50L to 500 and 1,000, Pre-LN and Post-LN at 500L-500L to 200, and last
+                    500L-500L to 1,000 (about 4.5 h unbroken on one thread)
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), then at d256 (FFN 1,024) each method's best d128 rate and the next lower
                     one, then d64 at 5e-4 and 1e-3 (its 2e-3 is the small Table 1's seed 1)
+            fig5    DeepNet Fig. 5 at 250L-250L and 500L-500L (64-128-2, lr 5e-4, warm-up 4,000, 50 updates): Post-LN,
+                    Pre-LN, DeepNet paper and source init, rows added to docs/figures/fig5_update_norm.csv
             prepare only prepare and binarise Multi30k
-            tables  copy the records here and write the report, the width table and its plot
+            tables  copy the records here and write the report, the width table and its plot (and Fig. 5, where
+                    the fig5 lane ran)
   --widths  the width lane's widths, in order (default 128,256,64)
   --runs    run folders, prepared data and records (default: /work/runs)
   --raw-dir raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
@@ -34,15 +38,24 @@ while [ $# -gt 0 ]; do
     --raw-dir) raw=$2; shift 2 ;;
     --widths) widths=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    deep|width|prepare|tables) lane=$1; shift ;;
+    deep|width|fig5|prepare|tables) lane=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$lane" ] || { usage >&2; exit 2; }
 records=$runs/reach/results.jsonl committed=$here/results.jsonl tag=reach
 source "$root/scripts/lib/multi30k_study.sh"
+# Fig. 5's CSV as the fig5 lane adds to it: the committed one, where this machine has none
+figures=$runs/reach/figures fig5_files=(fig5_update_norm.csv fig5_update_norm.png figures_summary.txt)
+if [ "$lane" = fig5 ]; then
+  mkdir -p "$figures"
+  [ -f "$figures/${fig5_files[0]}" ] || cp "$root/docs/figures/${fig5_files[0]}" "$figures/"
+  exec "$root/scripts/figures.sh" --fig5-only --fig5-methods postln,preln,deepnet,deepnet_source --depths 250,500 \
+    --updates 50 --checkpoint-activations --jobs 1 --out "$runs/reach/fig5" --figures "$figures"
+fi
 if [ "$lane" = tables ]; then
   [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
+  if [ -f "$figures/${fig5_files[1]}" ]; then for file in "${fig5_files[@]}"; do cp "$figures/$file" "$root/docs/figures/"; done; fi
   cp "$records" "$committed"
   "$py" -m deepnet_setups.records migrate "$committed"  # a record an older launcher wrote, brought to the schema
   "$root/scripts/report" "$committed" --out-dir "$here"
@@ -114,10 +127,13 @@ case "$lane" in
     rate=$(probed_rate)
     [ -n "$rate" ] || { echo "commands.sh: no probe record with a valid loss at $PROBE_UPDATES updates" >&2; exit 1; }
     say "500L-500L goes on at lr $rate"
-    for layers in 500,500 100,100 50,50; do for updates in 500 1000; do
-      stage "reach/deep/lr$rate" source 1 "$layers" "$updates" "${deep[@]}" "train.lr=$rate"
-    done; done
-    for variant in preln postln; do stage "reach/deep/lr$rate" "$variant" 1 500,500 200 "${deep[@]}" "train.lr=$rate"; done ;;
+    deep_stage() { stage "reach/deep/lr$rate" "$1" 1 "$2" "$3" "${deep[@]}" "train.lr=$rate"; }
+    # A stopped run resumes only where its folder survives: 500 updates at 500L-500L (~2.3 h on one thread) fit
+    # one sitting, 1,000 (~4.5 h unbroken) may not, so that run comes after every row that fits.
+    deep_stage source 500,500 500
+    for layers in 100,100 50,50; do for updates in 500 1000; do deep_stage source "$layers" "$updates"; done; done
+    for variant in preln postln; do deep_stage "$variant" 500,500 200; done
+    deep_stage source 500,500 1000 ;;
   width)
     for width in ${widths//,/ }; do
       for variant in source preln paper; do
