@@ -51,7 +51,8 @@ PRELN = "preln_transformer_iwslt_de_en"
 SHAPE = runner.SHAPES["tiny"]  # sweep.train_one's with tiny=True
 CAP = math.sqrt(2 * SHAPE["decoder_embed_dim"])  # the LayerNorm-ed probe's norm for uncorrelated outputs
 FIG5 = ("postln", "deepnet")  # method-list: chosen (DeepNet's Fig. 5 sets these two side by side)
-FIG3_WARMUP_RUN = {"postln": "postln_warmup", "deepnet": "deepnet_warmup"}  # Fig. 5's runs that Fig. 3 trains too
+# Fig. 5's runs that Fig. 3 trains too (its warm-up runs)
+FIG3_WARMUP_RUN = {"postln": "postln_warmup", "deepnet": "deepnet_warmup"}  # method-list: chosen
 
 
 def parse_args(argv):
@@ -178,6 +179,7 @@ def main(argv=None):
         print(f"{name:40s} {depth:>3d}L: {r['updates']} updates in {r['wall_s']} s"
               + (f", diverged: {r['reason']}" if r["diverged"] == "yes" else ""), flush=True)
 
+    fig5 = read_fig5(figures / "fig5_update_norm.csv")  # again: another call may have added rows meanwhile
     fig5.update({key: update_norms(read_curves(out / "runs" / run)) for key, run in fig5_runs.items()})
     summary = fig5_summary(fig5)
     print("\n".join(summary))

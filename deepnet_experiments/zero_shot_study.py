@@ -4,7 +4,8 @@ zero-shot de<->fr included: sacreBLEU, chrF++, target-language accuracy and the 
 the spread over seeds, for each language-tag strategy and remedy asked for.
 
     python -m deepnet_experiments.zero_shot_study [--archs postln,preln,deepnet,deepnet_source] [--layers 6,6 ...]
-        [--lang-tags s-enc-t-dec,t-enc,t-enc-t-dec] [--remedies none,residual_drop,robt] [--train-pairs disjoint]
+        [--lang-tags s-enc-t-dec,t-enc,t-enc-t-dec] [--remedies none,residual_drop,robt,crossconst0.25,...]
+        [--train-pairs disjoint]
         [--seeds 1,2,3] [--stages 1500,3000,4500] [--work DIR] [--runs DIR] [--out DIR] [--dry-run]
         [--summary-only] [key=value ...]
 
@@ -46,10 +47,17 @@ SCRIPTS = ROOT / "scripts"
 CONFIG = ROOT / "configs" / "opus100.yaml"
 # deepnet_setups.lang_tags.STRATEGIES; the first (fairseq's recipe) is the study's default and adds no folder suffix
 LANG_TAGS = ("s-enc-t-dec", "t-enc", "t-enc-t-dec")
-REMEDIES = ("none", "residual_drop", "robt")  # residual_drop: --encoder-drop-residual-layer at the middle encoder
-# layer; robt: random online back-translation (the plugin's translation_multi_robt task) in half the updates from
-# update 750 on, the first stage's second half (Zhang et al. fine-tune a trained model with it)
+REMEDIES = ("none", "residual_drop", "robt", "crossconst<A>", "crossconst<A>_ft")  # residual_drop:
+# --encoder-drop-residual-layer at the middle encoder layer; robt: random online back-translation (the plugin's
+# translation_multi_robt task) in half the updates from update 750 on, the first stage's second half (Zhang et al.
+# fine-tune a trained model with it); crossconst<A>: CrossConST (Gao et al. 2023) at weight A from the first update;
+# crossconst<A>_ft: a fine-tuning stage with it of FINETUNE_UPDATES, from the run without it at the first stage, as
+# its authors do (fairseq's --finetune-from-model: optimizer and schedule start anew). Joined with +, e.g.
+# robt+crossconst0.25.
+REMEDY = re.compile(r"none|residual_drop|robt|crossconst(\d*\.?\d+)(_ft)?")
 ROBT = ["--task", "translation_multi_robt", "--robt-share", "0.5", "--robt-from-update", "750"]
+CROSSCONST = ["train.criterion=diagnostic_label_smoothed_cross_entropy"]  # the criterion that takes its weight
+FINETUNE_UPDATES, FINETUNE = 500, ["train.warmup_updates=100"]
 SUPERVISED = ("de-en", "en-de", "en-fr", "fr-en")
 ZERO_SHOT = ("de-fr", "fr-de")
 DATA = ["data.langs=[de,en,fr]", "data.lang_pairs=[de-en,en-de,en-fr,fr-en]", "data.zero_shot_pairs=[de-fr,fr-de]"]
@@ -116,18 +124,43 @@ class Runner:
             raise StudyError(f"failed: {line}")
 
 
+def remedy_ok(remedy):
+    parts = remedy.split("+")
+    return all(REMEDY.fullmatch(part) for part in parts) and sum(part.endswith("_ft") for part in parts) <= 1
+
+
+def finetune_base(remedy):
+    """The remedy of the run a fine-tuning remedy starts from (``none`` for crossconst0.25_ft), None for others."""
+    parts = remedy.split("+")
+    if not any(part.endswith("_ft") for part in parts):
+        return None
+    return "+".join(part for part in parts if not part.endswith("_ft")) or "none"
+
+
 def run_variant(variant, lang_tags, remedy, encoder_layers):
     """(folder name, the setups' --arch, its overrides) of one study run: the variant, its language tags
-    where they are not the setups' default, and the remedy where there is one."""
+    where they are not the setups' default, and the remedies where there are any."""
     method, init = deepnet_methods.resolve(variant)
     extra = ["--deepnorm-init", init] if init else []
     name = variant + ("" if lang_tags == LANG_TAGS[0] else f"_{lang_tags}")
-    if remedy == "residual_drop":  # Liu et al. 2021 drop it in a middle encoder layer
-        extra = [*extra, "--encoder-drop-residual-layer", str(encoder_layers // 2)]
-        name += f"_rdrop{encoder_layers // 2}"
-    elif remedy == "robt":
-        extra, name = [*extra, *ROBT], name + "_robt"
-    return name, method.name, [f"data.lang_tags={lang_tags}", f"train.extra_args=[{','.join(extra)}]"]
+    overrides = []
+    for part in remedy.split("+"):
+        if part == "residual_drop":  # Liu et al. 2021 drop it in a middle encoder layer
+            extra = [*extra, "--encoder-drop-residual-layer", str(encoder_layers // 2)]
+            name += f"_rdrop{encoder_layers // 2}"
+        elif part == "robt":
+            extra, name = [*extra, *ROBT], name + "_robt"
+        elif part != "none":
+            alpha, finetune = REMEDY.fullmatch(part).groups()
+            name += f"_cc{alpha}" + ("ft" if finetune else "")
+            overrides += [f"train.crossconst_alpha={alpha}", *CROSSCONST, *(FINETUNE if finetune else [])]
+    return name, method.name, [f"data.lang_tags={lang_tags}", f"train.extra_args=[{','.join(extra)}]", *overrides]
+
+
+def base_checkpoint(folder, stage):
+    """The checkpoint a fine-tune starts from: its base run's at ``stage`` updates (None where it has none)."""
+    found = sorted((folder / "checkpoints").glob(f"checkpoint_*_{stage}.pt"))
+    return found[-1] if found else None
 
 
 def variants():
@@ -145,6 +178,8 @@ def model_name(folder_name):
     variant = variant_of(folder_name)
     parts = [deepnet_methods.label(variant)]
     for part in filter(None, folder_name[len(variant):].split("_")):
+        if part.startswith("cc"):
+            part = f"CrossConST {part[2:].removesuffix('ft')}" + (", fine-tuned" if part.endswith("ft") else "")
         parts.append(f"residual drop {part[5:]}" if part.startswith("rdrop") else "ROBT" if part == "robt" else part)
     return ", ".join(parts)
 
@@ -304,9 +339,11 @@ def main(argv=None):
                         help=f"of {', '.join(variants())}")
     parser.add_argument("--layers", action="append", help="N,M (repeat for more depths; default 6,6)")
     parser.add_argument("--lang-tags", default=LANG_TAGS[0], help=f"language-tag strategies, of {', '.join(LANG_TAGS)}")
-    parser.add_argument("--remedies", default="none", help=f"of {', '.join(REMEDIES)} (residual_drop: no residual "
-                        "around the self-attention of the middle encoder layer, N // 2; robt: random online "
-                        "back-translation in half the updates from update 750)")
+    parser.add_argument("--remedies", default="none", help=f"of {', '.join(REMEDIES)}, or + of them (residual_drop: "
+                        "no residual around the self-attention of the middle encoder layer, N // 2; robt: random "
+                        "online back-translation in half the updates from update 750; crossconst<A>: CrossConST at "
+                        f"weight A; crossconst<A>_ft: a {FINETUNE_UPDATES}-update fine-tune with it from the run "
+                        "without it at the first stage)")
     parser.add_argument("--train-pairs", choices=("shared", "disjoint"), default="shared",
                         help="disjoint: de-en and en-fr trained on disjoint halves of the captions (default: both "
                              "on all, as issue 28's study)")
@@ -329,8 +366,9 @@ def main(argv=None):
         if not archs or set(archs) - set(variants()):
             raise StudyError(f"--archs: of {', '.join(variants())}, got {opts.archs!r}")
         tag_choices, remedies = csv_list(opts.lang_tags), csv_list(opts.remedies)
-        if not tag_choices or set(tag_choices) - set(LANG_TAGS) or not remedies or set(remedies) - set(REMEDIES):
-            raise StudyError(f"--lang-tags of {', '.join(LANG_TAGS)}; --remedies of {', '.join(REMEDIES)}")
+        if not tag_choices or set(tag_choices) - set(LANG_TAGS) or not remedies or not all(map(remedy_ok, remedies)):
+            raise StudyError(f"--lang-tags of {', '.join(LANG_TAGS)}; --remedies of {', '.join(REMEDIES)}, "
+                             "joined with + (one _ft at most)")
         layers = opts.layers or ["6,6"]
         if not all(re.fullmatch(r"[1-9]\d*,[1-9]\d*", x) for x in layers):
             raise StudyError(f"--layers must be N,M, got {layers}")
@@ -358,19 +396,36 @@ def main(argv=None):
                 for depth in layers:
                     for seed in seeds:
                         for variant, lang_tags, remedy in ((v, t, r) for v in archs for t in tag_choices for r in remedies):
-                            name, arch, variant_args = run_variant(variant, lang_tags, remedy, int(depth.split(",")[0]))
+                            base = finetune_base(remedy)
+                            if base is not None and stage != stages[0]:
+                                continue  # a fine-tune is one stage, from its base run at the first stage
+                            encoder_layers = int(depth.split(",")[0])
+                            name, arch, variant_args = run_variant(variant, lang_tags, remedy, encoder_layers)
                             folder = runs / f"seed{seed}" / "opus100" / name / f"{depth.replace(',', 'L-')}L"
+                            updates = stage if base is None else FINETUNE_UPDATES
                             args = [*common, f"train.seed={seed}", *variant_args, *opts.overrides,
-                                    f"train.max_update={stage}", "--run-dir", folder]
-                            if runner.stage_done(folder, stage, results):
-                                print(f"[zero_shot_study] {folder}: stage {stage} done", flush=True)
+                                    f"train.max_update={updates}", "--run-dir", folder]
+                            if runner.stage_done(folder, updates, results):
+                                print(f"[zero_shot_study] {folder}: stage {updates} done", flush=True)
                                 continue
+                            if base is not None:
+                                base_name, _, base_args = run_variant(variant, lang_tags, base, encoder_layers)
+                                base_folder = folder.parents[1] / base_name / folder.name
+                                if base_checkpoint(base_folder, stage) is None:  # not on this machine: train it
+                                    run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth,
+                                         *device, *common, f"train.seed={seed}", *base_args, *opts.overrides,
+                                         f"train.max_update={stage}", "--run-dir", base_folder])
+                                start = base_checkpoint(base_folder, stage)
+                                if start is None and not opts.dry_run:
+                                    raise StudyError(f"{base_folder}: no checkpoint at update {stage} to fine-tune")
+                                start = start or base_folder / "checkpoints" / f"checkpoint_*_{stage}.pt"
+                                args.insert(-2, f"train.finetune_from_model={start}")
                             run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, *device,
                                  *args])
                             run(["bash", SCRIPTS / "evaluate.sh", "--config", CONFIG, "--arch", arch, "--layers",
                                  depth, *device, *args])
                             if not opts.dry_run:
-                                runner.mark_stage(folder, stage)
+                                runner.mark_stage(folder, updates)
                                 write_summary(read_records(results), out)
             if opts.dry_run:
                 return 0

@@ -144,6 +144,9 @@ class TrainConfig:
     # CrossConST's weight (--crossconst-alpha of the plugin's criterion; null: not passed, off). Set, it needs
     # criterion diagnostic_label_smoothed_cross_entropy (fairseq's own criterion refuses the option)
     crossconst_alpha: Optional[float] = None
+    # a checkpoint to fine-tune from (fairseq's --finetune-from-model: its weights, a new optimizer, schedule and
+    # data order), taken only while the run folder has no checkpoint_last.pt, so that a stopped fine-tune resumes
+    finetune_from_model: Optional[str] = None
     extra_args: List[str] = field(default_factory=list)  # any further fairseq-train options, verbatim
 
 

@@ -64,6 +64,28 @@ def test_runs_of_each_tag_strategy_and_remedy_have_their_own_folder(tmp_path, ca
     assert study.main([*args[:3], "--lang-tags", "x-enc"]) == 2
 
 
+def test_crossconst_from_scratch_and_as_a_finetune_of_the_run_without_it(tmp_path, capsys):
+    """crossconst<A>: the criterion and weight from the first update; crossconst<A>_ft: the base run (trained where this
+    machine lacks its checkpoint at the first stage) then FINETUNE_UPDATES from that checkpoint; + joins remedies."""
+    base = tmp_path / "r" / "seed1" / "opus100" / "preln" / "6L-6L" / "checkpoints"
+    base.mkdir(parents=True)
+    (base / "checkpoint_3_1500.pt").touch()  # the base run's checkpoint at the first stage, as training leaves it
+    args = ["--dry-run", "--archs", "preln", "--remedies", "crossconst0.25,crossconst0.5_ft,robt+crossconst0.1",
+            "--seeds", "1", "--stages", "1500,3000", "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "r")]
+    assert study.main(args) == 0
+    trains = [line for line in capsys.readouterr().out.splitlines() if "train_opus100.sh" in line]
+    folders = [line.split("--run-dir ")[1].split()[0].split("/")[-2] for line in trains]
+    assert folders == ["preln_cc0.25", "preln_cc0.5ft", "preln_robt_cc0.1", "preln_cc0.25", "preln_robt_cc0.1"]
+    assert "train.crossconst_alpha=0.25 train.criterion=diagnostic_label_smoothed_cross_entropy" in trains[0]
+    finetune = trains[1]
+    assert f"train.finetune_from_model={base / 'checkpoint_3_1500.pt'}" in finetune
+    assert "train.max_update=500" in finetune and "train.warmup_updates=100" in finetune
+    assert "translation_multi_robt" in trains[2] and "train.crossconst_alpha=0.1" in trains[2]
+    assert study.model_name("preln_cc0.5ft") == "Pre-LN, CrossConST 0.5, fine-tuned"
+    assert study.finetune_base("robt+crossconst0.25_ft") == "robt" and study.finetune_base("crossconst0.1") is None
+    assert study.main([*args[:3], "--remedies", "crossconst0.1_ft+crossconst0.2_ft"]) == 2
+
+
 def test_dry_run_lists_every_stage_seed_and_arch(tmp_path, capsys):
     args = ["--dry-run", "--archs", "preln,deepnet_source", "--seeds", "1,2", "--stages", "200,100",
             "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "r"), "model.heads=2"]

@@ -264,6 +264,8 @@ def test_train_crossconst_alpha_reaches_fairseq_train_through_the_launcher(capsy
     given = dict(zip(args, args[1:]))
     assert given["--crossconst-alpha"] == "0.25" and given["--criterion"] == CRITERION
     assert "--crossconst-alpha" not in fairseq_train_args([])  # null: not passed
+    tuned = fairseq_train_args(["train.finetune_from_model=/runs/base/checkpoints/checkpoint_2_1500.pt"])
+    assert dict(zip(tuned, tuned[1:]))["--finetune-from-model"] == "/runs/base/checkpoints/checkpoint_2_1500.pt"
     assert launch.main([str(CONFIG), "--arch", "deepnet", "--dry-run", f"train.criterion={CRITERION}",
                         "train.crossconst_alpha=0.5"]) == 0
     assert "--crossconst-alpha 0.5" in capsys.readouterr().out
@@ -334,3 +336,18 @@ def test_a_model_trained_with_crossconst_exports_and_decodes_as_before(runs, mul
     original = fairseq_generate_valid(multi30k_small_bin, checkpoint, tmp_path / "original")
     plain = fairseq_generate_valid(multi30k_small_bin, exported, tmp_path / "exported")
     assert len(original) == 24 and plain == original
+
+
+def test_a_finetuning_stage_starts_from_the_trained_weights_and_resumes_its_own(runs, multi30k_small_bin):
+    """train.finetune_from_model (fairseq's --finetune-from-model): the weights of the model trained 6 updates, a
+    new optimizer and update count; stopped and rerun, the fine-tune goes on from its own checkpoint_last.pt."""
+    base = runs[0] / "reference/checkpoint_last.pt"
+    folder = runs[0] / "finetune"
+    cmd = [*train_cmd(multi30k_small_bin, folder, 2), "--finetune-from-model", base]
+    first = run(cmd)
+    assert f"loading pretrained model from {base}" in first.stderr + first.stdout
+    assert sorted(logged(first.stdout + first.stderr)) == [1, 2]  # counted anew
+    again = run([*cmd[:cmd.index("--max-update") + 1], "4", *cmd[cmd.index("--max-update") + 2:]])
+    assert "loading pretrained model" not in again.stderr + again.stdout
+    assert sorted(logged(again.stdout + again.stderr)) == [3, 4]
+

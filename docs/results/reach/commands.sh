@@ -45,17 +45,13 @@ done
 [ -n "$lane" ] || { usage >&2; exit 2; }
 records=$runs/reach/results.jsonl committed=$here/results.jsonl tag=reach
 source "$root/scripts/lib/multi30k_study.sh"
-# Fig. 5's CSV as the fig5 lane adds to it: the committed one, where this machine has none
-figures=$runs/reach/figures fig5_files=(fig5_update_norm.csv fig5_update_norm.png figures_summary.txt)
 if [ "$lane" = fig5 ]; then
-  mkdir -p "$figures"
-  [ -f "$figures/${fig5_files[0]}" ] || cp "$root/docs/figures/${fig5_files[0]}" "$figures/"
-  exec "$root/scripts/figures.sh" --fig5-only --fig5-methods postln,preln,deepnet,deepnet_source --depths 250,500 \
-    --updates 50 --checkpoint-activations --jobs 1 --out "$runs/reach/fig5" --figures "$figures"
+  fig5_lane reach/fig5 postln,preln,deepnet,deepnet_source 250,500 50 --checkpoint-activations
+  exit 0
 fi
 if [ "$lane" = tables ]; then
   [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
-  if [ -f "$figures/${fig5_files[1]}" ]; then for file in "${fig5_files[@]}"; do cp "$figures/$file" "$root/docs/figures/"; done; fi
+  copy_fig5
   cp "$records" "$committed"
   "$py" -m deepnet_setups.records migrate "$committed"  # a record an older launcher wrote, brought to the schema
   "$root/scripts/report" "$committed" --out-dir "$here"

@@ -14,9 +14,14 @@ Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [-
   PHASE     screen            each language-tag strategy (s-enc-t-dec, t-enc, t-enc-t-dec), seed 1, 1,500 updates
             remedy STRATEGY   that strategy with and without the remedies, seeds 1-3, 1,500 updates
             long STRATEGY     the best two of those (--archs, --remedies) continued to 3,000 updates
+            crossconst STRATEGY CrossConST on that strategy: weights 0.1, 0.25, 0.5, from scratch (1,500 updates) and
+                              as a 500-update fine-tune of the 1,500-update run without it; seed 1, the source init
+                              (default --archs deepnet_source --seeds 1); then, e.g., the best recipe over seeds 1-3
+                              with --archs deepnet_source,preln --remedies crossconst0.25, and robt+crossconst0.25
   --archs   of deepnet_source, preln, deepnet (default: all three, in this order)
-  --remedies of none, residual_drop, robt (default: none,residual_drop; the screen uses none; robt: random online
-            back-translation in half the updates from update 750)
+  --remedies of none, residual_drop, robt, crossconst<A>, crossconst<A>_ft, or + of them (default: none,residual_drop;
+            the screen uses none; robt: random online back-translation in half the updates from update 750;
+            crossconst<A>: CrossConST at weight A; _ft: as a fine-tune)
   --seeds   of 1,2,3 (default: all three; the screen: 1), e.g. one seed a process to share out the runs
   --gpu     train and evaluate on the visible GPU (fp32, as on CPU; the default is CPU)
   --runs    run folders, prepared data and results.jsonl (default: /work/runs)
@@ -27,7 +32,7 @@ USAGE
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-runs=/work/runs phase="" strategy="" dry=() archs=deepnet_source,preln,deepnet remedies=none,residual_drop seeds=1,2,3
+runs=/work/runs phase="" strategy="" dry=() archs="" remedies="" seeds=""
 device=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,12 +43,17 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=$2; shift 2 ;;
     --gpu) device=gpu; shift ;;
     -h|--help) usage; exit 0 ;;
-    screen|remedy|long) phase=$1; shift ;;
+    screen|remedy|long|crossconst) phase=$1; shift ;;
     s-enc-t-dec|t-enc|t-enc-t-dec) strategy=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$phase" ] || { usage >&2; exit 2; }
+case "$phase" in  # the defaults, where not given
+  crossconst) : "${archs:=deepnet_source}" "${seeds:=1}"
+              : "${remedies:=crossconst0.1,crossconst0.25,crossconst0.5,crossconst0.1_ft,crossconst0.25_ft,crossconst0.5_ft}" ;;
+  *) : "${archs:=deepnet_source,preln,deepnet}" "${remedies:=none,residual_drop}" "${seeds:=1,2,3}" ;;
+esac
 [ "$phase" = screen ] || [ -n "$strategy" ] || { echo "commands.sh: $phase needs the strategy the screen chose" >&2; exit 2; }
 study=("${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.zero_shot_study --train-pairs disjoint
        --archs "$archs" --device "$device" --work "$runs/work/zero_shot_disjoint" --runs "$runs/zero_shot_tags"
@@ -52,7 +62,7 @@ study=("${PYTHON:-$root/.venv/bin/python}" -m deepnet_experiments.zero_shot_stud
 # the records of the phases before it, so the longest is the latest.
 records=$runs/zero_shot_tags/results.jsonl
 if [ ! -f "$records" ]; then
-  committed=$(wc -l "$here"/{screen,remedy,long}/results.jsonl 2>/dev/null | grep -v ' total$' | sort -rn | head -1 \
+  committed=$(wc -l "$here"/{screen,remedy,long,crossconst}/results.jsonl 2>/dev/null | grep -v ' total$' | sort -rn | head -1 \
               | awk '{print $2}' || true)
   if [ -n "$committed" ]; then mkdir -p "$(dirname "$records")" && cp "$committed" "$records"; fi
 fi
@@ -62,6 +72,8 @@ case "$phase" in
             --out "$here/remedy" ;;
   long)   "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds "$seeds" --stages 1500,3000 \
             --out "$here/long" ;;
+  crossconst) "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds "$seeds" --stages 1500 \
+                --out "$here/crossconst" ;;
 esac
 # the page's tables, cut from the records just written, and the page's blocks refreshed from them
 [ ${#dry[@]} -gt 0 ] || { "${study[0]}" -m deepnet_experiments.pages tables && "${study[0]}" -m deepnet_experiments.pages sync "$here/README.md"; }
