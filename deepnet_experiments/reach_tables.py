@@ -8,6 +8,8 @@ lr 2e-3), whose run block does not give their width, lr and warm-up: the table f
   width.md / width.csv   18L-18L, 1,500 updates, warm-up 100: BLEU and valid loss per width, method and lr, with
                          each method's best rate at each width (by BLEU) and the width's best cell
   width.png              BLEU at each method's best rate against width
+  which.md               per width: each method at its best rate, its BLEU below the width's best cell, the rates
+                         it ran (docs/setups.md's "Which to use" shows it)
   deep.md / deep.csv     the deep lane: BLEU, valid loss, s/update and peak memory per depth, method and updates
 """
 
@@ -67,6 +69,22 @@ def width_rows(records):
         row["best_rate"] = row["bleu"] == max(r["bleu"] for r in same if r["method"] == row["method"])
         row["best_of_width"] = row["bleu"] == max(r["bleu"] for r in same)
     return sorted(rows, key=lambda r: (r["device"], r["width"], deepnet_methods.order(r["method"]), r["lr"]))
+
+
+def which_markdown(rows):
+    """Per width (device, precision): each method at its best rate, sorted best first, and how far below the width's
+    best cell it is."""
+    header = ["width", "run on", "method", "best rate", "BLEU", "below the best", "rates run"]
+    body = []
+    for width, device, precision in dict.fromkeys((r["width"], r["device"], r["precision"]) for r in rows):
+        same = [r for r in rows if (r["width"], r["device"], r["precision"]) == (width, device, precision)]
+        top = max(r["bleu"] for r in same)
+        for best in sorted((r for r in same if r["best_rate"]), key=lambda r: -r["bleu"]):
+            rates = sorted(r["lr"] for r in same if r["method"] == best["method"])
+            body.append([f"d{width}", f"{device}, {precision}", deepnet_methods.label(best["method"], init_named=True),
+                         f"{best['lr']:g}",
+                         cell(best["bleu"], 2), cell(top - best["bleu"], 2), ", ".join(f"{lr:g}" for lr in rates)])
+    return report.markdown(header, body)
 
 
 def deep_rows(records, prefix="/reach/deep/"):
@@ -163,6 +181,8 @@ def main(argv=None):
     note = "\n\nBold: the best cell of its width. `*`: width, lr and warm-up from what the small Table 1 ran.\n"
     report.write_atomic(out / "width.md", width_markdown(widths) + note)
     write_csv(out / "width.csv", WIDTH_FIELDS, widths)
+    report.write_atomic(out / "which.md", which_markdown(widths) + "\n\nA method with fewer rates run than the "
+                        "others may have a better one untried.\n")
     report.write_atomic(out / "deep.md", deep_markdown(deep) + "\n")
     write_csv(out / "deep.csv", DEEP_FIELDS, deep)
     if widths:

@@ -508,6 +508,11 @@ def test_page_tables_are_their_generated_files(study):
     assert not [line for line in rest.splitlines() if line.lstrip().startswith("|")], f"{page}: a typed table"
 
 
+def test_the_setups_which_to_use_table_is_the_reach_records():
+    page = ROOT / "docs" / "setups.md"
+    assert pages.blocks(page.read_text()) and not pages.differences(page), pages.differences(page)
+
+
 @pytest.mark.parametrize("path", sorted(pages.VIEWS))
 def test_pages_own_tables_are_the_records(path):
     assert (ROOT / path).read_text() == pages.VIEWS[path][1](), f"{path}: python -m deepnet_experiments.pages tables"

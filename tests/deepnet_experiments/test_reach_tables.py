@@ -39,6 +39,11 @@ def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
     d64 = {key[1]: r for key, r in rows.items() if key[0] == "64"}
     assert set(d64) == {"preln", "deepnet", "deepnet_source"} and {r["lr"] for r in d64.values()} == {"0.002"}
     assert "*" in (tmp_path / "out/width.md").read_text() and (tmp_path / "out/width.png").read_bytes()[:4] == b"\x89PNG"
+    # which.md: each method at its best rate, best first, its distance below the width's best and the rates it ran
+    which = [line for line in (tmp_path / "out/which.md").read_text().splitlines() if line.startswith("| d128 ")]
+    assert which == ["| d128 | cpu, fp32 | Pre-LN | 0.001 | 31.00 | 0.00 | 0.001 |",
+                     "| d128 | cpu, fp32 | DeepNet, source init | 0.0005 | 30.00 | 1.00 | 0.0005, 0.002 |",
+                     "| d128 | cpu, fp32 | DeepNet, paper init | 0.002 | 3.00 | 28.00 | 0.002 |"]
 
 
 def test_a_resumed_stage_is_charged_its_own_updates(tmp_path):
@@ -57,3 +62,12 @@ def test_a_probe_is_a_row_without_bleu_and_a_run_with_nothing_left_to_train_cost
     rows = reach_tables.deep_rows([probe, again])
     assert [(r["lr"], r["bleu"], r["valid_loss"], r["s_per_update"]) for r in rows] == [(0.001, None, 7.5, 15.0),
                                                                                          (0.002, None, 8.9, None)]
+
+
+def test_the_committed_tables_are_the_committed_records(tmp_path):
+    """width.md, which.md and deep.md (and the CSVs) under docs/results/reach are what its records give today."""
+    reach = ROOT / "docs/results/reach"
+    gpu = sorted((reach / "gpu").rglob("results.jsonl")) if (reach / "gpu").exists() else []
+    assert reach_tables.main([str(reach / "results.jsonl"), *map(str, gpu), *map(str, TABLE), "--out", str(tmp_path)]) == 0
+    for name in ("width.md", "which.md", "deep.md", "width.csv", "deep.csv"):
+        assert (tmp_path / name).read_text() == (reach / name).read_text(), f"{name}: docs/results/reach/commands.sh tables"

@@ -12,7 +12,7 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-d
   LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3 and 2e-3
                     to 300 updates (the probe); at the rate with the lower valid loss, 500L-500L to 500 updates,
                     100L-100L and 50L-50L to 500 and 1,000, Pre-LN and Post-LN at 500L-500L to 200, and last
-                    500L-500L to 1,000 (about 4.5 h unbroken on one thread)
+                    500L-500L to 1,000 (hours unbroken on one thread)
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), then at d256 (FFN 1,024) each method's best d128 rate and the next lower
                     one, then d64 at 5e-4 and 1e-3 (its 2e-3 is the small Table 1's seed 1)
@@ -59,7 +59,7 @@ if [ "$lane" = tables ]; then
   gpu=(); while IFS= read -r found; do gpu+=("$found"); done < <(find "$here/gpu" -name results.jsonl 2>/dev/null | sort)
   "$py" -m deepnet_experiments.reach_tables "$committed" ${gpu[@]+"${gpu[@]}"} \
     "$root/docs/results/multi30k_table/results.jsonl" "$root/docs/results/multi30k_table/results_source_init.jsonl" --out "$here"
-  "$py" -m deepnet_experiments.pages sync "$here/README.md"
+  "$py" -m deepnet_experiments.pages sync "$here/README.md" "$root/docs/setups.md"
   exit 0
 fi
 prepare_multi30k
@@ -125,7 +125,7 @@ case "$lane" in
     say "500L-500L goes on at lr $rate"
     deep_stage() { stage "reach/deep/lr$rate" "$1" 1 "$2" "$3" "${deep[@]}" "train.lr=$rate"; }
     # A stopped run resumes only where its folder survives: 500 updates at 500L-500L (~2.3 h on one thread) fit
-    # one sitting, 1,000 (~4.5 h unbroken) may not, so that run comes after every row that fits.
+    # one sitting, 1,000 (~5 h unbroken) may not, so that run comes after every row that fits.
     deep_stage source 500,500 500
     for layers in 100,100 50,50; do for updates in 500 1000; do deep_stage source "$layers" "$updates"; done; done
     for variant in preln postln; do deep_stage "$variant" 500,500 200; done
