@@ -165,6 +165,7 @@ def iwslt_work(tmp_path_factory, iwslt_raw):
 # reliability_checkpoints, source_init). Modules that share a session fixture are apart, so that one worker does
 # not wait on another's build.
 LONGEST_FIRST = ("test_setup_pipelines", "test_deploy", "test_cli", "test_reliability_faults", "test_diagnostics",
+                 "test_crossconst", "test_new_schemes",
                  "test_residual_drop", "test_compile_layers", "test_checkpoints", "test_setup_config",
                  "test_reliability_resume", "test_reliability_entry_points", "test_reliability_bad_input",
                  "test_setup_opus", "test_setup_wmt", "test_reliability_multilingual", "test_two_nodes",

@@ -25,7 +25,7 @@ prepare_multi30k() {
 
 # stage DIR VARIANT SEED LAYERS UPDATES [key=value ...]: train the run folder RUNS/DIR/VARIANT/seedSEED/<N>L-<M>L
 # to UPDATES, then evaluate it; skipped where its marker or an eval record says it was done. VARIANT: an --arch of
-# scripts/train_iwslt.sh, or source / paper for DeepNet with that init.
+# scripts/train_iwslt.sh, or source / paper for DeepNet with that init. PROCS=P: train as P gloo processes.
 stage() {
   local study=$1 variant=$2 seed=$3 layers=$4 updates=$5; shift 5
   local arch=$variant extra=()
@@ -38,7 +38,8 @@ stage() {
        "$dir" "$updates" "$records"; then say "$dir: $updates updates already trained and evaluated"; return; fi
   say "$dir: train to $updates updates, then evaluate"
   local all=("${data[@]}" "${model[@]}" "$@" "${extra[@]}" "train.seed=$seed" "train.max_update=$updates")
-  "$root/scripts/train_iwslt.sh" --arch "$arch" --layers "$layers" --cpu --run-dir "$dir" "${all[@]}"
+  "$root/scripts/train_iwslt.sh" --arch "$arch" --layers "$layers" --cpu ${PROCS:+--procs "$PROCS"} --run-dir "$dir" \
+    "${all[@]}"
   "$root/scripts/evaluate.sh" --config "$config" --arch "$arch" --run-dir "$dir" --cpu "${all[@]}"
   mkdir -p "$dir/eval" && date -u +%FT%TZ > "$dir/eval/evaluated_at_$updates"
 }

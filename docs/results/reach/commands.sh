@@ -12,7 +12,7 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-d
   LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3 and 2e-3
                     to 300 updates (the probe); at the rate with the lower valid loss, 500L-500L to 500 updates,
                     100L-100L and 50L-50L to 500 and 1,000, Pre-LN and Post-LN at 500L-500L to 200, and last
-                    500L-500L to 1,000 (hours unbroken on one thread)
+                    500L-500L to 1,000 (hours unbroken on one thread; DEEP_PROCS=2: two gloo processes)
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), then at d256 (FFN 1,024) each method's best d128 rate and the next lower
                     one, then d64 at 5e-4 and 1e-3 (its 2e-3 is the small Table 1's seed 1)
@@ -123,13 +123,14 @@ case "$lane" in
     rate=$(probed_rate)
     [ -n "$rate" ] || { echo "commands.sh: no probe record with a valid loss at $PROBE_UPDATES updates" >&2; exit 1; }
     say "500L-500L goes on at lr $rate"
-    deep_stage() { stage "reach/deep/lr$rate" "$1" 1 "$2" "$3" "${deep[@]}" "train.lr=$rate"; }
+    deep_stage() { stage "reach/deep/lr$rate" "$1" 1 "$2" "$3" "${deep[@]}" "train.lr=$rate" "${@:4}"; }
     # A stopped run resumes only where its folder survives: 500 updates at 500L-500L (~2.3 h on one thread) fit
-    # one sitting, 1,000 (~5 h unbroken) may not, so that run comes after every row that fits.
+    # one sitting, 1,000 (~5 h unbroken) may not, so that run comes after every row that fits; with DEEP_PROCS=2
+    # (both cores free) it trains as two processes of 1,000 tokens each, the same 2,000-token batch.
     deep_stage source 500,500 500
     for layers in 100,100 50,50; do for updates in 500 1000; do deep_stage source "$layers" "$updates"; done; done
     for variant in preln postln; do deep_stage "$variant" 500,500 200; done
-    deep_stage source 500,500 1000 ;;
+    PROCS=${DEEP_PROCS:-} deep_stage source 500,500 1000 ${DEEP_PROCS:+"train.max_tokens=$((2000 / DEEP_PROCS))"} ;;
   width)
     for width in ${widths//,/ }; do
       for variant in source preln paper; do
