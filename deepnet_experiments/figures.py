@@ -2,10 +2,10 @@
 
 - DeepNet Fig. 5 (``fig5_update_norm.{csv,png}``): the model update ||F(x,θ_t) − F(x,θ_0)|| in the
   early stage of training, Post-LN vs DeepNet (``--fig5-methods``: any methods and init variants), 64-128-2
-  models (d64, FFN 128, 2 heads) at 6L-6L, 18L-18L, 50L-50L and 100L-100L (``--depths``), IWSLT-14's schedule (lr 5e-4, inverse-sqrt, 4,000 warm-up updates
-  from 1e-7). The probe F is the top decoder layer's output (``features_only``) on a fixed batch,
-  in eval mode. That output is LayerNorm-ed, so the norm cannot exceed about sqrt(2d) ≈ 11.3 for
-  uncorrelated outputs; during the first updates of the warm-up the learning rate is small
+  models (d64, FFN 128, 2 heads) at 6L-6L, 18L-18L, 50L-50L and 100L-100L (``--depths``), IWSLT-14's
+  schedule (lr 5e-4, inverse-sqrt, 4,000 warm-up updates from 1e-7). The probe F is the top decoder layer's
+  output (``features_only``) on a fixed batch, in eval mode. That output is LayerNorm-ed, so the norm cannot
+  exceed about sqrt(2d) ≈ 11.3 for uncorrelated outputs; during the first updates of the warm-up the learning rate is small
   (1e-7 -> 2.5e-5 over the 200 updates shown) and DeepNet stays far below that cap, so the figure shows the
   paper's contrast without saturating by construction. Where Post-LN reaches the cap, its update has
   exploded: its output no longer resembles its initial output.
@@ -101,7 +101,8 @@ def fig5_job(out, setting, name, depth, checkpoint_activations):
     options = {**({"deepnorm_init": init} if init else {}),
                **({"checkpoint_activations": True} if checkpoint_activations else {})}
     run_name = f"fig5_{name}_L{depth}_u{setting['updates']}"
-    return run_args(out, setting, PAPER_SCHEDULE["warmup"], options=options), method.arch(sweep.SIZE), depth, 1, run_name
+    run = run_args(out, setting, PAPER_SCHEDULE["warmup"], options=options)
+    return run, method.arch(sweep.SIZE), depth, 1, run_name
 
 
 def read_fig5(path):
@@ -248,7 +249,8 @@ def write_fig5(figures, fig5):
             series = fig5.get((method, depth))
             if series:
                 xs = sorted(series)
-                ax.plot(xs, [series[u] for u in xs], color=cmap(i / max(len(depths) - 1, 1)), label=f"{depth}L-{depth}L")
+                ax.plot(xs, [series[u] for u in xs], color=cmap(i / max(len(depths) - 1, 1)),
+                        label=f"{depth}L-{depth}L")
         ax.axhline(CAP, color="grey", ls=":", lw=1)
         ax.text(0, CAP, " sqrt(2d): uncorrelated outputs", va="bottom", fontsize=7, color="grey")
         ax.set(title=deepnet_methods.label(method, init_named=True), xlabel="update", yscale="log")
