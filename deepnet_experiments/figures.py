@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import deepnet_methods
-from deepnet_setups import runner
+from deepnet_setups import report, runner
 
 from . import sweep
 from .plots import save_figure
@@ -69,6 +69,8 @@ def parse_args(argv):
     p.add_argument("--updates", type=int, help="Fig. 5's updates per run (default: 200; --tiny 6)")
     p.add_argument("--fig5-only", action="store_true",
                    help="only Fig. 5's runs (no Fig. 3 runs), and only those whose rows the Fig. 5 CSV lacks")
+    p.add_argument("--summary-only", action="store_true",
+                   help="train nothing: rewrite fig5_summary.md and the Fig. 5 plot from the Fig. 5 CSV in --figures")
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="fairseq's --checkpoint-activations in Fig. 5's runs (same numbers, less memory: 250L and up)")
     args = p.parse_args(argv)
@@ -150,6 +152,14 @@ def main(argv=None):
     setting = TINY if args.tiny else FULL
     fig5_setting = dict(setting, updates=args.updates or setting["updates"])
     out, figures = Path(args.out), Path(args.figures)
+    if args.summary_only:
+        fig5 = read_fig5(figures / "fig5_update_norm.csv")
+        if not fig5:
+            raise SystemExit(f"figures: no Fig. 5 rows in {figures / 'fig5_update_norm.csv'}")
+        report.write_atomic(figures / "fig5_summary.md", fig5_summary(fig5))
+        write_fig5(figures, fig5)
+        print(f"wrote {figures / 'fig5_summary.md'} and the Fig. 5 plot from {figures / 'fig5_update_norm.csv'}")
+        return
     out.mkdir(parents=True, exist_ok=True)
     figures.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -183,15 +193,15 @@ def main(argv=None):
     fig5 = read_fig5(figures / "fig5_update_norm.csv")  # again: another call may have added rows meanwhile
     fig5.update({key: update_norms(read_curves(out / "runs" / run)) for key, run in fig5_runs.items()})
     summary = fig5_summary(fig5)
-    print("\n".join(summary))
-    written = write_fig5(figures, fig5)
+    print(summary)
+    report.write_atomic(figures / "fig5_summary.md", summary)
+    written = [figures / "fig5_summary.md", *write_fig5(figures, fig5)]
     if not args.fig5_only:
         fig3 = {name: read_curves(out / "runs" / f"fig3_{name}_L{d3}") for name, _, _, _ in FIG3_RUNS}
         fig3["preln"] = read_curves(out / "runs" / f"fig3_preln_L{d3}")
         written += write_fig3(figures, fig3, setting)
     for path in written:
         print(f"wrote {path}")
-    (figures / "figures_summary.txt").write_text("\n".join(summary) + "\n", encoding="utf-8")
     print(f"figures: {len(jobs)} runs in {time.time() - start:.0f} s")
 
 
@@ -202,27 +212,27 @@ def run_length(series):
 
 
 def fig5_summary(fig5):
-    """Per depth, each method's largest update up to u beside Post-LN's, at u = 1/8, 1/4, 1/2 and all of the
-    depth's updates."""
-    lines = ["DeepNet Fig. 5: the largest model update ||F(x,θ_t) − F(x,θ_0)|| up to update u, Post-LN / each method "
-             f"(the LayerNorm-ed probe caps it near sqrt(2d) = {CAP:.1f})"]
+    """fig5_summary.md: per depth and method, the largest update up to u (u = 1/8, 1/4, 1/2 and all of the depth's
+    updates) and, in parentheses, Post-LN's over it."""
+    marks = {}
     for depth in sorted({d for _, d in fig5}):
         updates = max(run_length(series) for (_, d), series in fig5.items() if d == depth)
-        marks = sorted({u for u in (updates // 8, updates // 4, updates // 2) if u > 1} | {updates})
-        lines.append(f"  {f'{depth}L-{depth}L':<10} {'':22}" + "".join(f"{'u<=' + str(u):>26}" for u in marks))
+        marks[depth] = sorted({u for u in (updates // 8, updates // 4, updates // 2) if u > 1} | {updates})
+    columns = sorted(set().union(*marks.values()))
+    body = []
+    for depth, taken in marks.items():
         post = fig5.get(("postln", depth))
-        for method in sorted({m for m, d in fig5 if d == depth and m != "postln"}, key=deepnet_methods.order):
+        for method in sorted({m for m, d in fig5 if d == depth}, key=deepnet_methods.order):
             cells = []
-            for u in marks:
+            for u in columns:
                 peak = max([v for k, v in fig5[method, depth].items() if k <= u], default=math.nan)
-                if post is None:
-                    cells.append(f"{peak:.3f}")
-                    continue
-                post_peak = max([v for k, v in post.items() if k <= u], default=math.nan)
-                cells.append(f"{post_peak:.3f} / {peak:.3f} = {ratio(post_peak, peak):4.1f}x")
-            lines.append(f"  {f'{depth}L-{depth}L':<10} {deepnet_methods.label(method, init_named=True):22}"
-                         + "".join(f"{c:>26}" for c in cells))
-    return lines
+                post_peak = max([v for k, v in post.items() if k <= u], default=math.nan) if post else math.nan
+                cells.append("" if u not in taken else f"{peak:.3f}" if method == "postln" or not post
+                             else f"{peak:.3f} ({ratio(post_peak, peak):.1f}x)")
+            body.append([f"{depth}L-{depth}L", deepnet_methods.label(method, init_named=True), *cells])
+    return report.markdown(["depth", "method", *(f"u<={u}" for u in columns)], body) + (
+        "\n\nThe largest model update ||F(x,θ_t) − F(x,θ_0)|| up to update u; in parentheses Post-LN's over it. The "
+        f"LayerNorm-ed probe caps it near sqrt(2d) = {CAP:.1f}.\n")
 
 
 def write_fig5(figures, fig5):

@@ -508,9 +508,18 @@ def test_page_tables_are_their_generated_files(study):
     assert not [line for line in rest.splitlines() if line.lstrip().startswith("|")], f"{page}: a typed table"
 
 
-def test_the_setups_which_to_use_table_is_the_reach_records():
-    page = ROOT / "docs" / "setups.md"
+@pytest.mark.parametrize("page", ["setups.md", "diagnostics.md"])
+def test_generated_blocks_outside_the_study_pages_are_their_files(page):
+    """docs/setups.md's "Which to use" table (the reach records) and docs/diagnostics.md's Fig. 5 summary."""
+    page = ROOT / "docs" / page
     assert pages.blocks(page.read_text()) and not pages.differences(page), pages.differences(page)
+
+
+def test_the_fig5_summary_is_the_fig5_csv():
+    from deepnet_experiments import figures
+
+    fig5 = figures.read_fig5(ROOT / "docs/figures/fig5_update_norm.csv")
+    assert (ROOT / "docs/figures/fig5_summary.md").read_text() == figures.fig5_summary(fig5)
 
 
 @pytest.mark.parametrize("path", sorted(pages.VIEWS))

@@ -46,16 +46,17 @@ stage() {
 
 # DeepNet Fig. 5's rows, added by scripts/figures.sh --fig5-only to one CSV that every study's fig5 lane shares
 # (RUNS/figures; the committed one where this machine has none), copied to docs/figures by copy_fig5.
-fig5_dir=$runs/figures fig5_files=(fig5_update_norm.csv fig5_update_norm.png figures_summary.txt)
+fig5_dir=$runs/figures fig5_csv=fig5_update_norm.csv
 fig5_lane() {  # fig5_lane OUT METHODS DEPTHS UPDATES [figures.sh options]: OUT under RUNS, one run at a time
   local out=$1 methods=$2 depths=$3 updates=$4; shift 4
   mkdir -p "$fig5_dir"
-  [ -f "$fig5_dir/${fig5_files[0]}" ] || cp "$root/docs/figures/${fig5_files[0]}" "$fig5_dir/"
+  [ -f "$fig5_dir/$fig5_csv" ] || cp "$root/docs/figures/$fig5_csv" "$fig5_dir/"
   say "Fig. 5: $methods at $depths layers, $updates updates"
   "$root/scripts/figures.sh" --fig5-only --fig5-methods "$methods" --depths "$depths" --updates "$updates" \
     --jobs 1 --out "$runs/$out" --figures "$fig5_dir" "$@"
 }
-copy_fig5() {  # where a fig5 lane wrote the figure
-  [ -f "$fig5_dir/${fig5_files[1]}" ] || return 0
-  local file; for file in "${fig5_files[@]}"; do cp "$fig5_dir/$file" "$root/docs/figures/"; done
+copy_fig5() {  # where a fig5 lane wrote the figure: its CSV, and the summary and plot made from it
+  [ -f "$fig5_dir/$fig5_csv" ] || return 0
+  cp "$fig5_dir/$fig5_csv" "$root/docs/figures/"
+  "$root/scripts/figures.sh" --summary-only --figures "$root/docs/figures"
 }

@@ -321,7 +321,8 @@ def test_figures_command_tiny_setting_writes_the_papers_figures(tmp_path):
     assert {(r["arch"], r["layers"]) for r in rows} == {(a, d) for a in ("postln", "deepnet") for d in ("2", "3")}
     assert all(math.isfinite(float(r["update_norm"])) and float(r["update_norm"]) > 0 for r in rows)
     for depth in (2, 3):
-        assert re.search(rf"{depth}L-{depth}L .*[0-9.]+ / [0-9.]+ = +[0-9.]+x", proc.stdout)
+        assert re.search(rf"\| {depth}L-{depth}L \| DeepNet, paper init \| [0-9.]+ \([0-9.]+x\) \|", proc.stdout)
+    assert (tmp_path / "fig" / "fig5_summary.md").read_text() in proc.stdout
     for name in ("fig5_update_norm.png", "fig3_18L.png", "preln_fig3_grad_norm_init.png"):
         assert (tmp_path / "fig" / name).stat().st_size > 10_000
     with open(tmp_path / "fig" / "fig3_18L.csv", newline="") as f:
