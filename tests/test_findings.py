@@ -585,6 +585,20 @@ def test_readme_numbers_are_the_records():
     assert robt["seeds"] == plain["seeds"]  # the supervised cost is against the same seeds without a remedy
     claim(f"back-translating online {robt['zero-shot on-target'][0]:.1f} % and {robt['zero-shot / pivot'][0]:.2f} "
           f"for {plain['supervised bleu'][0] - robt['supervised bleu'][0]:.1f}")
+    from deepnet_experiments import figures
+
+    fig5 = figures.read_fig5(ROOT / "docs/figures/fig5_update_norm.csv")
+
+    def post_over(method, depth, u):  # Post-LN's largest update up to update u over the method's
+        return figures.ratio(*(max(v for k, v in fig5[m, depth].items() if k <= u) for m in ("postln", method)))
+
+    shallow = [post_over("deepnet", depth, 50) for depth in (6, 18, 50, 100)]
+    claim(f"Post-LN's is {min(shallow):.1f}-{max(shallow):.1f}x DeepNet's in the first 50 updates")
+    deep = {(m, d, u): post_over(m, d, u) for m in ("deepnet", "deepnet_source", "preln") for d in (250, 500) for u in (25, 50)}
+    claim(f"at 250L-250L and 500L-500L {deep['deepnet', 250, 25]:.1f}x and {deep['deepnet', 500, 25]:.1f}x in the first "
+          f"25, {deep['deepnet', 250, 50]:.1f}x and {deep['deepnet', 500, 50]:.1f}x in the first 50")
+    claim(f"(source init {deep['deepnet_source', 250, 50]:.1f}x, {deep['deepnet_source', 500, 50]:.1f}x; Pre-LN "
+          f"{deep['preln', 250, 50]:.1f}x, {deep['preln', 500, 50]:.1f}x)")
     deploy = json.loads((ROOT / DEPLOY).read_text())
     ct2 = deploy["results"]["ct2_float32"]
     assert ct2["same_hypotheses_as_fairseq"] == deploy["sentences"]
