@@ -593,3 +593,11 @@ def test_no_page_chronicles_the_work():
     headings = [f"{p.relative_to(ROOT)}: {line}" for p in markdown_pages() for line in p.read_text().splitlines()
                 if re.match(r"#{1,6} .*\bissues? \d", line, flags=re.IGNORECASE)]
     assert not headings, headings
+
+
+def test_the_setups_crossconst_cost_is_the_benchmarks():
+    result = json.loads((ROOT / "benchmarks/results/crossconst_cost_cpu.json").read_text())
+    ratio = result["ratios"]["cpu"]["crossconst / alpha 0"]
+    text = " ".join((ROOT / "docs/setups.md").read_text().split())
+    assert (f"{ratio['median']:.2f}x the seconds per update of the same model without it ({result['shape'].replace('-d', ' d')} "
+            f"on CPU, median over {result['rounds']} rounds by CPU time, {ratio['min']:.2f}-{ratio['max']:.2f}") in text
