@@ -9,8 +9,8 @@ usage() {
   cat <<'USAGE'
 Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-dir DIR]
 
-  LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3 and 2e-3
-                    to 300 updates (the probe); at the rate with the lower valid loss, 500L-500L to 500 updates,
+  LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3, 2e-3
+                    and 5e-4 to 300 updates (the probe); at the rate with the lowest valid loss, 500L-500L to 500 updates,
                     100L-100L and 50L-50L to 500 and 1,000, Pre-LN and Post-LN at 500L-500L to 200, and last
                     500L-500L to 1,000 (hours unbroken on one thread; DEEP_PROCS=2: two gloo processes)
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
@@ -119,7 +119,9 @@ PY
 
 case "$lane" in
   deep)
-    for rate in 1e-3 2e-3; do probe "$rate"; done
+    # the map's two best rates at its deepest row, then 5e-4: at both, 500L-500L stayed on the unigram plateau
+    # through the probe, and 5e-4 is where both DeepNet inits left it at d256 (docs/results/source_init)
+    for rate in 1e-3 2e-3 5e-4; do probe "$rate"; done
     rate=$(probed_rate)
     [ -n "$rate" ] || { echo "commands.sh: no probe record with a valid loss at $PROBE_UPDATES updates" >&2; exit 1; }
     say "500L-500L goes on at lr $rate"
