@@ -43,7 +43,8 @@ def train_costs(records):
         trained.sort(key=lambda r: r["updates"])
         before = 0
         for r in trained:
-            done = r["updates"] - (r["resumed_from"] if r.get("resumed_from") is not None else before)
+            # resumed_from null: a fresh start (the folder was new); no such key: an older record, after its stage
+            done = r["updates"] - ((r["resumed_from"] or 0) if "resumed_from" in r else before)
             costs[run_dir, r["updates"]] = (round(r["wall_time_s"] / done, 2) if done > 0 else None, r.get("peak_rss_mib"))
             before = r["updates"]
     return costs
