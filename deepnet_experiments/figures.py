@@ -51,8 +51,9 @@ PRELN = "preln_transformer_iwslt_de_en"
 SHAPE = runner.SHAPES["tiny"]  # sweep.train_one's with tiny=True
 CAP = math.sqrt(2 * SHAPE["decoder_embed_dim"])  # the LayerNorm-ed probe's norm for uncorrelated outputs
 FIG5 = ("postln", "deepnet")  # method-list: chosen (DeepNet's Fig. 5 sets these two side by side)
-# Fig. 5's runs that Fig. 3 trains too (its warm-up runs)
-FIG3_WARMUP_RUN = {"postln": "postln_warmup", "deepnet": "deepnet_warmup"}  # method-list: chosen
+# method -> Fig. 3's run with the paper's warm-up, which is that method's Fig. 5 run at Fig. 3's depth
+FIG3_WARMUP_RUN = {deepnet_methods.of_arch(arch).name: name for name, arch, warmup, _ in FIG3_RUNS
+                   if warmup == PAPER_SCHEDULE["warmup"]}
 
 
 def parse_args(argv):

@@ -174,9 +174,13 @@ def classify(result, curves, valid_nll, unigram, uniform, args):
     return "trains", "", last_src_dep
 
 
-def cell_key(row):
+def cell_key(method, depth, lr, warmup):
     """A cell's identity in the map: method (older aliases as their variant), depth, lr, warm-up."""
-    return deepnet_methods.canonical(row["method"]), int(row["depth"]), float(row["lr"]), int(row["warmup"])
+    return deepnet_methods.canonical(method), int(depth), float(lr), int(warmup)
+
+
+def row_key(row):
+    return cell_key(row["method"], row["depth"], row["lr"], row["warmup"])
 
 
 def committed_cells(path):
@@ -192,7 +196,7 @@ def committed_cells(path):
         return float(text)
 
     with open(path, newline="") as f:
-        return {cell_key(r): {k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)}
+        return {row_key(r): {k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)}
 
 
 def main(argv=None):
@@ -202,8 +206,7 @@ def main(argv=None):
     data = Path(args.data) if args.data else build_data(args)
     unigram, uniform = target_entropies(data)
     committed = committed_cells(args.csv)
-    grid = [] if args.report_only else [cell for cell in cells(args) if cell_key(dict(
-        zip(("method", "depth", "lr", "warmup"), cell))) not in committed]
+    grid = [] if args.report_only else [cell for cell in cells(args) if cell_key(*cell) not in committed]
     start = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda cell: run_cell(args, data, *cell), grid))
@@ -220,7 +223,7 @@ def main(argv=None):
                      "final_train_loss": result["final_train_loss"], "src_dep": round(src_dep, 4),
                      "unigram_entropy": round(unigram, 4), "uniform_entropy": round(uniform, 4),
                      "reason": reason, "wall_s": result["wall_s"]})
-    ran = {cell_key(r) for r in rows}
+    ran = {row_key(r) for r in rows}
     rows += [r for key, r in committed.items() if key not in ran]
     rows.sort(key=lambda r: (deepnet_methods.order(r["method"]), r["warmup"], r["depth"], r["lr"]))
     sweep.write_csv(out / "map.csv", FIELDS, [[r[k] for k in FIELDS] for r in rows])

@@ -403,25 +403,28 @@ def main(argv=None):
                             name, arch, variant_args = run_variant(variant, lang_tags, remedy, encoder_layers)
                             folder = runs / f"seed{seed}" / "opus100" / name / f"{depth.replace(',', 'L-')}L"
                             updates = stage if base is None else FINETUNE_UPDATES
-                            args = [*common, f"train.seed={seed}", *variant_args, *opts.overrides,
-                                    f"train.max_update={updates}", "--run-dir", folder]
                             if runner.stage_done(folder, updates, results):
                                 print(f"[zero_shot_study] {folder}: stage {updates} done", flush=True)
                                 continue
+
+                            def train(run_args, max_update, run_dir):
+                                args = [*common, f"train.seed={seed}", *run_args, *opts.overrides,
+                                        f"train.max_update={max_update}", "--run-dir", run_dir]
+                                run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth,
+                                     *device, *args])
+                                return args
+
                             if base is not None:
                                 base_name, _, base_args = run_variant(variant, lang_tags, base, encoder_layers)
                                 base_folder = folder.parents[1] / base_name / folder.name
                                 if base_checkpoint(base_folder, stage) is None:  # not on this machine: train it
-                                    run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth,
-                                         *device, *common, f"train.seed={seed}", *base_args, *opts.overrides,
-                                         f"train.max_update={stage}", "--run-dir", base_folder])
+                                    train(base_args, stage, base_folder)
                                 start = base_checkpoint(base_folder, stage)
                                 if start is None and not opts.dry_run:
                                     raise StudyError(f"{base_folder}: no checkpoint at update {stage} to fine-tune")
                                 start = start or base_folder / "checkpoints" / f"checkpoint_*_{stage}.pt"
-                                args.insert(-2, f"train.finetune_from_model={start}")
-                            run(["bash", SCRIPTS / "train_opus100.sh", "--arch", arch, "--layers", depth, *device,
-                                 *args])
+                                variant_args = [*variant_args, f"train.finetune_from_model={start}"]
+                            args = train(variant_args, updates, folder)
                             run(["bash", SCRIPTS / "evaluate.sh", "--config", CONFIG, "--arch", arch, "--layers",
                                  depth, *device, *args])
                             if not opts.dry_run:
