@@ -13,6 +13,11 @@ model=(model.embed_dim=64 model.ffn_dim=256 model.heads=4 train.dropout=0.1 trai
        train.batch_tokens=2000 train.save_interval_updates=100 eval.average_last=5 eval.max_len_a=1.2 eval.max_len_b=10)
 short=(train.lr=2e-3 train.warmup_updates=100)
 say() { echo "[$tag $(date -u +%FT%TZ)] $*"; }
+# stage_done DIR UPDATES: DIR was trained to UPDATES and evaluated (its marker or an eval record says so)
+stage_done() {
+  "$py" -c 'import sys; from deepnet_setups import runner; sys.exit(not runner.stage_done(*sys.argv[1:]))' \
+    "$1" "$2" "$records"
+}
 # On a machine without the run folders, the committed records say what already ran (stage() skips it).
 if [ ! -f "$records" ] && [ -f "$committed" ]; then mkdir -p "$(dirname "$records")" && cp "$committed" "$records"; fi
 
@@ -34,8 +39,7 @@ stage() {
     source) arch=deepnet; extra=("model.deepnorm_init=source") ;;
   esac
   local dir=$runs/$study/$variant/seed$seed/${layers/,/L-}L
-  if "$py" -c 'import sys; from deepnet_setups import runner; sys.exit(not runner.stage_done(*sys.argv[1:]))' \
-       "$dir" "$updates" "$records"; then say "$dir: $updates updates already trained and evaluated"; return; fi
+  if stage_done "$dir" "$updates"; then say "$dir: $updates updates already trained and evaluated"; return; fi
   say "$dir: train to $updates updates, then evaluate"
   local all=("${data[@]}" "${model[@]}" "$@" "${extra[@]}" "train.seed=$seed" "train.max_update=$updates")
   "$root/scripts/train_iwslt.sh" --arch "$arch" --layers "$layers" --cpu ${PROCS:+--procs "$PROCS"} --run-dir "$dir" \
