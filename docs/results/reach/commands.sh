@@ -13,8 +13,8 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-d
                     and 5e-4 to 300 updates (the probe); at the rate with the lowest valid loss, 500L-500L to 500 updates,
                     100L-100L and 50L-50L to 500 and 1,000, Pre-LN and Post-LN at 500L-500L to 200, and last
                     500L-500L to 1,000 (hours unbroken on one thread; DEEP_PROCS=2: two gloo processes). A
-                    500L-500L run stopped on its way to 1,000 whose folder survived resumes before anything else
-            probe   only the deep lane's probes (a second lane, while the deep lane resumes its 1,000-update run)
+                    500L-500L run stopped on its way to 1,000 whose folder survived resumes before anything else.
+                    A 500L-500L run takes ~15 GB: no second one beside it
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), then at d256 (FFN 1,024) each method's best d128 rate and the next lower
                     one, then d64 at 5e-4 and 1e-3 (its 2e-3 is the small Table 1's seed 1)
@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
     --raw-dir) raw=$2; shift 2 ;;
     --widths) widths=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    deep|probe|width|fig5|prepare|tables) lane=$1; shift ;;
+    deep|width|fig5|prepare|tables) lane=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -120,7 +120,6 @@ PY
 }
 
 case "$lane" in
-  probe) for rate in 1e-3 2e-3 5e-4; do probe "$rate"; done ;;
   deep)
     # A 500L-500L run past 500 updates whose checkpoint survived holds hours of work: it goes on to 1,000 first.
     for dir in "$runs"/reach/deep/lr*/source/seed1/500L-500L; do
