@@ -38,6 +38,7 @@ class Method:
     zoo: bool = False  # a Table 1 baseline; the others (Post-LN, Pre-LN, DeepNet) are every driver's default set
     inits: tuple = ()  # the --deepnorm-init names it takes, the default first (deepnorm.DEEPNORM_INITS: their home)
     fairseq_archs: Mapping[str, str] | None = None  # size -> the arch trained instead of the family's (Post-LN)
+    year: int = 0  # published (baselines.md cites each): a study of one era lists its methods by it
 
     def arch(self, size=""):
         """The fairseq --arch of this method at a size variant ('': none); ValueError for an unknown size."""
@@ -68,25 +69,25 @@ class Variant:
 
 # in DeepNet's Table 1 order, the order of every table's rows
 METHODS = {m.name: m for m in (
-    Method("postln", "postln_transformer", "Post-LN", AS_IS, fairseq_archs=POSTLN_ARCHS),
-    Method("dsinit", "dsinit_transformer", "DS-Init", zoo=True),
-    Method("admin", "admin_transformer", "Admin", zoo=True),
-    Method("rezero", "rezero_transformer", "ReZero", zoo=True),
-    Method("tfixup", "tfixup_transformer", "T-Fixup", zoo=True),
-    Method("preln", "preln_transformer", "Pre-LN", AS_IS, pre_ln=True),
-    Method("dlcl", "dlcl_transformer", "DLCL", pre_ln=True, zoo=True),
-    Method("normformer", "normformer_transformer", "NormFormer", pre_ln=True, zoo=True),
-    Method("subln", "subln_transformer", "Sub-LN", pre_ln=True, zoo=True),
-    Method("b2t", "b2t_transformer", "B2T", zoo=True),
-    Method("residual", "residual_transformer", "ResiDual", zoo=True),
+    Method("postln", "postln_transformer", "Post-LN", AS_IS, fairseq_archs=POSTLN_ARCHS, year=2017),
+    Method("dsinit", "dsinit_transformer", "DS-Init", zoo=True, year=2019),
+    Method("admin", "admin_transformer", "Admin", zoo=True, year=2020),
+    Method("rezero", "rezero_transformer", "ReZero", zoo=True, year=2020),
+    Method("tfixup", "tfixup_transformer", "T-Fixup", zoo=True, year=2020),
+    Method("preln", "preln_transformer", "Pre-LN", AS_IS, pre_ln=True, year=2020),
+    Method("dlcl", "dlcl_transformer", "DLCL", pre_ln=True, zoo=True, year=2019),
+    Method("normformer", "normformer_transformer", "NormFormer", pre_ln=True, zoo=True, year=2021),
+    Method("subln", "subln_transformer", "Sub-LN", pre_ln=True, zoo=True, year=2022),
+    Method("b2t", "b2t_transformer", "B2T", zoo=True, year=2023),
+    Method("residual", "residual_transformer", "ResiDual", zoo=True, year=2023),
     Method("periln", "periln_transformer", "Peri-LN", pre_ln=True, zoo=True,
-           no_export="its LayerNorm on each branch's output has no place in fairseq's layers"),
+           no_export="its LayerNorm on each branch's output has no place in fairseq's layers", year=2025),
     Method("mixln", "mixln_transformer", "Mix-LN", pre_ln=True, zoo=True,
-           no_export="Post-LN and Pre-LN layers in one stack; fairseq's --*-normalize-before is one per stack"),
-    Method("lns", "lns_transformer", "LayerNorm Scaling", SCALE, pre_ln=True, zoo=True),
+           no_export="Post-LN and Pre-LN layers in one stack; fairseq's --*-normalize-before is one per stack", year=2025),
+    Method("lns", "lns_transformer", "LayerNorm Scaling", SCALE, pre_ln=True, zoo=True, year=2025),
     Method("dyt", "dyt_transformer", "DyT", pre_ln=True, zoo=True,
-           no_export="DyT has no LayerNorm (tanh(alpha*x) in its place), and fairseq's layers have no DyT"),
-    Method("deepnet", "deepnet_transformer", "DeepNet", FOLD, inits=("paper", "torchscale", "source")),
+           no_export="DyT has no LayerNorm (tanh(alpha*x) in its place), and fairseq's layers have no DyT", year=2025),
+    Method("deepnet", "deepnet_transformer", "DeepNet", FOLD, inits=("paper", "torchscale", "source"), year=2022),
 )}
 VARIANTS = {v.name: v for v in (
     Variant("deepnet", "paper", "DeepNet, paper init"),

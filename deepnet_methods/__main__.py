@@ -1,5 +1,6 @@
 """The registry's names on one line, for shell scripts: scripts/table1.sh trains
-`python -m deepnet_methods list --field family --zoo`; scripts/train_setup.sh --help lists `list --zoo --sep ', '`."""
+`python -m deepnet_methods list --field family --zoo`; scripts/train_setup.sh --help lists `list --zoo --sep ', '`;
+docs/results/schemes/commands.sh studies `list --zoo --since 2024`."""
 
 import argparse
 import sys
@@ -30,9 +31,12 @@ def main(argv=None):
     listing.add_argument("--variants", action="store_true", help="each method's named init variants after it")
     listing.add_argument("--size", default="", choices=SIZES,
                          help="the size variant of --field arch (default: none)")
+    listing.add_argument("--since", type=int, default=0, metavar="YEAR",
+                         help="only the methods published in YEAR or later (with --zoo: the newest schemes)")
     listing.add_argument("--sep", default=",", help="between the names (default: %(default)r)")
     args = parser.parse_args(argv)
-    print(args.sep.join(field(name, args.field, args.size) for name in names(args.zoo, args.variants)))
+    chosen = [name for name in names(args.zoo, args.variants) if resolve(name)[0].year >= args.since]
+    print(args.sep.join(field(name, args.field, args.size) for name in chosen))
     return 0
 
 

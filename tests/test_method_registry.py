@@ -107,6 +107,21 @@ def test_the_cli_lists_what_table1_trains():
     assert labels == "Post-LN|Pre-LN|DeepNet|DeepNet, paper init|DeepNet, torchscale's init|DeepNet, source init"
 
 
+def test_each_method_has_the_year_its_baselines_row_cites_and_the_schemes_study_takes_the_newest():
+    rows = {}
+    for line in (ROOT / "docs/baselines.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) > 2 and (arch := re.search(r"--arch (\w+)", cells[2])):
+            rows[arch[1]] = cells[1]
+    for method in deepnet_methods.METHODS.values():
+        cited = rows[method.family]
+        assert re.search(rf"\b{method.year}\b", cited), f"{method.name}: {method.year}, baselines.md cites {cited}"
+    newest = run([ROOT / ".venv" / "bin" / "python", "-m", "deepnet_methods", "list", "--zoo", "--since", "2024"])
+    assert newest.stdout.strip() == "periln,mixln,lns,dyt"
+    study = (ROOT / "docs/results/schemes/commands.sh").read_text()
+    assert '$("$py" -m deepnet_methods list --zoo --since 2024)' in study
+
+
 # --- no list of method names outside the registry ------------------------------------------------------------------
 
 SCANNED = ("deepnet_setups", "deepnet_experiments", "benchmarks")

@@ -16,7 +16,7 @@ Usage: docs/results/schemes/commands.sh LANE [--runs DIR] [--raw-dir DIR]
            table   Table 1's model (d64, FFN 256, 4 heads, 2,000 tokens), warm-up 100, 1,500 updates, seed 1: each new
                    scheme, DeepNet (source init) and Pre-LN at 18L-18L at its best map rate at 18L; then the two new
                    schemes with the best 18L BLEU at 50L-50L at their best map rate at 50L
-           tables  copy the records and figures here and to docs/figures, and write the report
+           tables  copy the records and figures here and to docs/figures, write the report, map.md and table.md
   --runs   run folders, prepared data and records (default: /work/runs)
   --raw-dir raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
 A method's best map rate at a depth: the rate of its cell that trains with the lowest valid NLL.
@@ -38,20 +38,25 @@ done
 [ -n "$lane" ] || { usage >&2; exit 2; }
 records=$runs/schemes/results.jsonl committed=$here/results.jsonl tag=schemes
 source "$root/scripts/lib/multi30k_study.sh"
-schemes=periln,mixln,lns,dyt
+schemes=$("$py" -m deepnet_methods list --zoo --since 2024)  # the schemes of 2024-2025 (the registry's years)
 map_csv=$fig5_dir/stability_map.csv  # the map as the map lane adds to it (the committed one to start)
 mkdir -p "$fig5_dir"
 [ -f "$map_csv" ] || cp "$root/docs/figures/stability_map.csv" "$map_csv"
 
 case "$lane" in
   tables)
-    [ -f "$records" ] || { echo "commands.sh: no records at $records" >&2; exit 1; }
     copy_fig5
     cp "$map_csv" "$root/docs/figures/stability_map.csv"
     cp "$fig5_dir"/stability_map*.png "$root/docs/figures/" 2>/dev/null || true
-    cp "$records" "$committed"
-    "$py" -m deepnet_setups.records migrate "$committed"
-    "$root/scripts/report" "$committed" --out-dir "$here"
+    if [ -f "$records" ]; then  # the table lane's records (the map and Fig. 5 lanes write figures only)
+      cp "$records" "$committed"
+      "$py" -m deepnet_setups.records migrate "$committed"
+      "$root/scripts/report" "$committed" --out-dir "$here"
+    fi
+    mine=(); [ -f "$committed" ] && mine=("$committed")
+    "$py" -m deepnet_experiments.schemes_tables ${mine[@]+"${mine[@]}"} --map "$root/docs/figures/stability_map.csv" \
+      --out "$here"
+    "$py" -m deepnet_experiments.pages sync "$here/README.md"
     exit 0 ;;
   fig5)
     fig5_lane schemes/fig5 "$schemes" 6,18,50,100 200
@@ -66,12 +71,11 @@ case "$lane" in
     # best_map_rate METHOD DEPTH: the rate of METHOD's best training cell at DEPTH in the map ("" if none)
     best_map_rate() {
       "$py" - "$map_csv" "$1" "$2" <<'PY'
-import csv, sys
-import deepnet_methods
+import sys
+from deepnet_experiments.schemes_tables import best_rate, read_map
 path, method, depth = sys.argv[1:]
-cells = [r for r in csv.DictReader(open(path)) if deepnet_methods.canonical(r["method"]) == method
-         and r["depth"] == depth and r["status"] == "trains" and r["warmup"] == "100"]
-print(f"{float(min(cells, key=lambda r: float(r['valid_nll']))['lr']):g}" if cells else "")
+rate = best_rate(read_map(path).get((method, int(depth)), {}))
+print("" if rate is None else f"{rate:g}")
 PY
     }
     # the two new schemes with the best 18L-18L test BLEU in the records
