@@ -11,8 +11,8 @@ Usage: docs/results/schemes/commands.sh LANE [--runs DIR] [--raw-dir DIR]
 
   LANE     map     the stability map's cells for the new schemes: depths 6, 18, 50 x lr 5e-4, 1e-3, 2e-3, 4e-3, 8e-3
                    (64-128-2, warm-up 100, 200 updates), added to docs/figures/stability_map.csv
-           fig5    DeepNet Fig. 5 for the new schemes at 6L-6L to 100L-100L (200 updates), added to
-                   docs/figures/fig5_update_norm.csv
+           fig5    DeepNet Fig. 5 for the new schemes, Pre-LN and DeepNet (source init) at 6L-6L to 100L-100L
+                   (200 updates), added to docs/figures/fig5_update_norm.csv
            table   Table 1's model (d64, FFN 256, 4 heads, 2,000 tokens), warm-up 100, 1,500 updates, seed 1: each new
                    scheme, DeepNet (source init) and Pre-LN at 18L-18L at its best map rate at 18L; then the two new
                    schemes with the best 18L BLEU at 50L-50L at their best map rate at 50L
@@ -59,7 +59,7 @@ case "$lane" in
     "$py" -m deepnet_experiments.pages sync "$here/README.md"
     exit 0 ;;
   fig5)
-    fig5_lane schemes/fig5 "$schemes" 6,18,50,100 200
+    fig5_lane schemes/fig5 "$schemes,preln,deepnet_source" 6,18,50,100 200
     exit 0 ;;
 esac
 prepare_multi30k
