@@ -25,6 +25,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
@@ -199,19 +200,11 @@ def committed_cells(path):
         return {row_key(r): {k: value(k, v) for k, v in r.items()} for r in csv.DictReader(f)}
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = Path(args.data) if args.data else build_data(args)
-    unigram, uniform = target_entropies(data)
-    committed = committed_cells(args.csv)
-    grid = [] if args.report_only else [cell for cell in cells(args) if cell_key(*cell) not in committed]
-    start = time.time()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(lambda cell: run_cell(args, data, *cell), grid))
+def collect_rows(out, committed, unigram, uniform, args):
+    """The map's rows: every finished cell in OUT/runs (this call's and earlier ones), classified, then the cells
+    the committed CSV holds and OUT has not run."""
     rows = []
-    for run_dir in sorted((out / "runs").glob("*/.done")):  # every finished cell, this call's and earlier ones
+    for run_dir in sorted((out / "runs").glob("*/.done")):
         name = run_dir.parent.name
         method, depth, lr, warmup, _ = name.rsplit("_", 4)
         result = json.loads((run_dir.parent / "result.json").read_text())
@@ -226,9 +219,35 @@ def main(argv=None):
     ran = {row_key(r) for r in rows}
     rows += [r for key, r in committed.items() if key not in ran]
     rows.sort(key=lambda r: (deepnet_methods.order(r["method"]), r["warmup"], r["depth"], r["lr"]))
-    sweep.write_csv(out / "map.csv", FIELDS, [[r[k] for k in FIELDS] for r in rows])
-    if args.csv:
-        sweep.write_csv(Path(args.csv), FIELDS, [[r[k] for k in FIELDS] for r in rows])
+    return rows
+
+
+def write_map(args, rows):
+    """OUT/map.csv, and --csv where given."""
+    for path in [Path(args.out) / "map.csv"] + ([Path(args.csv)] if args.csv else []):
+        sweep.write_csv(path, FIELDS, [[r[k] for k in FIELDS] for r in rows])
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(args.data) if args.data else build_data(args)
+    unigram, uniform = target_entropies(data)
+    committed = committed_cells(args.csv)
+    grid = [] if args.report_only else [cell for cell in cells(args) if cell_key(*cell) not in committed]
+    start = time.time()
+    written = threading.Lock()
+
+    def cell_then_write(cell):  # the CSVs hold every cell as it finishes: a lane stopped mid-map loses one cell
+        run_cell(args, data, *cell)
+        with written:
+            write_map(args, collect_rows(out, committed, unigram, uniform, args))
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(cell_then_write, grid))
+    rows = collect_rows(out, committed, unigram, uniform, args)
+    write_map(args, rows)
     for r in rows:
         label = deepnet_methods.label(r["method"])
         print(f"{label:28s} {r['depth']:3d}L lr {r['lr']:<8g} warm-up {r['warmup']:<5d} {r['status']:9s} "

@@ -54,6 +54,30 @@ def test_script_help_and_bad_input(tmp_path):
     assert proc.returncode != 0 and "not a binarised fairseq data dir" in proc.stderr
 
 
+
+def test_a_map_stopped_mid_grid_keeps_its_finished_cells_in_the_csv(tmp_path, monkeypatch):
+    """The CSVs are written as each cell finishes, so a lane stopped in the second cell has the first recorded."""
+    def run_cell(args, data, method, depth, lr, warmup):  # the first cell finishes as sweep.train_one leaves it
+        if method != "postln":
+            raise KeyboardInterrupt  # the lane stopped here
+        cell = tmp_path / "map" / "runs" / f"{method}_L{depth}_lr{lr:g}_w{warmup}_s1"
+        cell.mkdir(parents=True)
+        (cell / "result.json").write_text('{"diverged": "no", "reason": "", "updates": 4, '
+                                          '"final_train_loss": 9.1, "wall_s": 3.0}')
+        (cell / "curves.csv").write_text(f"{method},{depth},1,4,src_dep,0.5\n")
+        (cell / "train.log").write_text('2026-01-01 00:00:00 | INFO | valid | {"valid_nll_loss": "6.0"}\n')
+        (cell / ".done").touch()
+
+    monkeypatch.setattr(smap, "run_cell", run_cell)
+    monkeypatch.setattr(smap, "target_entropies", lambda data: (8.0, 13.0))
+    with pytest.raises(KeyboardInterrupt):
+        smap.main(["--out", str(tmp_path / "map"), "--data", str(tmp_path), "--methods", "postln,preln",
+                   "--depths", "1", "--lrs", "1e-3", "--csv", str(tmp_path / "committed.csv")])
+    for path in (tmp_path / "map" / "map.csv", tmp_path / "committed.csv"):
+        rows = list(csv.DictReader(open(path)))
+        assert [(r["method"], r["status"], r["valid_nll"]) for r in rows] == [("postln", "trains", "6.0")]
+
+
 @pytest.mark.slow  # about 12 s of CPU
 def test_one_cell_end_to_end_then_resumed(multi30k_bin, tmp_path):
     cmd = ["bash", "scripts/stability_map.sh", "--out", tmp_path / "map", "--data", multi30k_bin,
