@@ -10,8 +10,8 @@ usage() {
 Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-dir DIR]
 
   LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3, 2e-3
-                    and 5e-4 to 300 updates (the probe); at the rate with the lowest valid loss, 500L-500L to 500 updates,
-                    100L-100L and 50L-50L to 500 and 1,000, Pre-LN and Post-LN at 500L-500L to 200, and last
+                    and 5e-4 to 300 updates (the probe); at the rate with the lowest valid loss, 100L-100L and 50L-50L
+                    to 500 and 1,000, 500L-500L to 500 updates, Pre-LN and Post-LN at 500L-500L to 200, and last
                     500L-500L to 1,000 (hours unbroken on one thread; DEEP_PROCS=2: two gloo processes). A
                     500L-500L run stopped on its way to 1,000 whose folder survived resumes before anything else.
                     A 500L-500L run takes ~15 GB: no second one beside it
@@ -137,11 +137,12 @@ case "$lane" in
     [ -n "$rate" ] || { echo "commands.sh: no probe record with a valid loss at $PROBE_UPDATES updates" >&2; exit 1; }
     say "500L-500L goes on at lr $rate"
     deep_stage() { stage "reach/deep/lr$rate" "$1" 1 "$2" "$3" "${deep[@]}" "train.lr=$rate" "${@:4}"; }
-    # A stopped run resumes only where its folder survives: 500 updates at 500L-500L (~2.3 h on one thread) fit
-    # one sitting, 1,000 (~5 h unbroken) may not, so that run comes after every row that fits; with DEEP_PROCS=2
-    # (both cores free) it trains as two processes of 1,000 tokens each, the same 2,000-token batch.
-    deep_stage source 500,500 500
+    # A stopped run resumes only where its folder survives, and a new machine may come without it: the rows that
+    # fit what is left of a sitting after the probe come first (100L-100L to 1,000 updates: ~1.3 h on one thread),
+    # then 500 updates at 500L-500L (~2.3 h; where the rate is the probe's, 200 more), and 1,000 (~5 h unbroken)
+    # last; with DEEP_PROCS=2 (both cores free) it trains as two processes of 1,000 tokens each, the same batch.
     for layers in 100,100 50,50; do for updates in 500 1000; do deep_stage source "$layers" "$updates"; done; done
+    deep_stage source 500,500 500
     for variant in preln postln; do deep_stage "$variant" 500,500 200; done
     PROCS=${DEEP_PROCS:-} deep_stage source 500,500 1000 ${DEEP_PROCS:+"train.max_tokens=$((2000 / DEEP_PROCS))"} ;;
   width)
