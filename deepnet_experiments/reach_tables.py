@@ -28,12 +28,14 @@ from . import seeds_table
 LEFT_OUT = "postln"
 TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # docs/results/multi30k_table/README.md
 WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
-DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "peak_rss_mib", "run_dir"]
+DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "processes", "peak_rss_mib",
+               "run_dir"]
+COSTS = ("s_per_update", "peak_rss_mib", "processes")  # what train_costs gives per stage
 
 
 def train_costs(records):
-    """(run_dir, updates) -> (s/update of the stage that ended there, peak RSS MiB): a resumed stage is charged only
-    its own updates (from its record's ``resumed_from``, or else the run's previous stage's end)."""
+    """(run_dir, updates) -> (s/update of the stage that ended there, peak RSS MiB, its training processes): a resumed
+    stage is charged only its own updates (from its record's ``resumed_from``, or else the run's previous stage's end)."""
     stages = {}
     for r in records:
         if r.get("kind") == "train" and r.get("updates"):
@@ -45,7 +47,9 @@ def train_costs(records):
         for r in trained:
             # resumed_from null: a fresh start (the folder was new); no such key: an older record, after its stage
             done = r["updates"] - ((r["resumed_from"] or 0) if "resumed_from" in r else before)
-            costs[run_dir, r["updates"]] = (round(r["wall_time_s"] / done, 2) if done > 0 else None, r.get("peak_rss_mib"))
+            # a stage that trained nothing (resumed at its end) measured neither the run's speed nor its memory
+            costs[run_dir, r["updates"]] = (round(r["wall_time_s"] / done, 2), r.get("peak_rss_mib"),
+                                            r.get("world_size")) if done > 0 else (None, None, None)
             before = r["updates"]
     return costs
 
@@ -93,18 +97,18 @@ def deep_rows(records, prefix="/reach/deep/"):
     costs = train_costs(records)
     evaluated = {(r["run_dir"], r["max_update"]) for r in records if r.get("kind") == "eval"}
     rows = [{"depth": report.depth(r), "method": report.model_name(r), "lr": r["run"]["lr"], "updates": r["updates"],
-             "bleu": None, "valid_loss": r.get("valid_loss"), "s_per_update": costs[r["run_dir"], r["updates"]][0],
-             "peak_rss_mib": r.get("peak_rss_mib"), "run_dir": r["run_dir"]} for r in records
+             "bleu": None, "valid_loss": r.get("valid_loss"), **dict(zip(COSTS, costs[r["run_dir"], r["updates"]])),
+             "run_dir": r["run_dir"]} for r in records
             if r.get("kind") == "train" and prefix in r["run_dir"] and r.get("updates")
             and r["updates"] == r["config"]["train"]["max_update"] and (r["run_dir"], r["updates"]) not in evaluated]
     for r in records:
         if r.get("kind") == "eval" and prefix in r["run_dir"]:
-            spu, rss = costs.get((r["run_dir"], r["max_update"]), (None, None))
             rows.append({"depth": report.depth(r), "method": report.model_name(r), "lr": r["run"]["lr"],
                          "updates": r["updates"], "bleu": r["bleu"], "valid_loss": next(
                              (t.get("valid_loss") for t in records if t.get("kind") == "train"
                               and t["run_dir"] == r["run_dir"] and t["updates"] == r["max_update"]), None),
-                         "s_per_update": spu, "peak_rss_mib": rss, "run_dir": r["run_dir"]})
+                         **dict(zip(COSTS, costs.get((r["run_dir"], r["max_update"]), (None, None, None)))),
+                         "run_dir": r["run_dir"]})
     return sorted(rows, key=lambda r: (-int(r["depth"].split("L")[0]), deepnet_methods.order(r["method"]), r["updates"]))
 
 
@@ -121,9 +125,10 @@ def width_markdown(rows):
 
 
 def deep_markdown(rows):
-    header = ["depth", "method", "lr", "updates", "BLEU", "valid loss", "s/update", "peak RSS MiB"]
+    header = ["depth", "method", "lr", "updates", "BLEU", "valid loss", "s/update", "processes", "peak RSS MiB"]
     body = [[r["depth"], deepnet_methods.label(r["method"]), f"{r['lr']:g}", str(r["updates"]),
-             cell(r["bleu"], 2), cell(r["valid_loss"], 3), cell(r["s_per_update"], 1), str(r["peak_rss_mib"] or "-")]
+             cell(r["bleu"], 2), cell(r["valid_loss"], 3), cell(r["s_per_update"], 1), str(r["processes"] or "-"),
+             str(r["peak_rss_mib"] or "-")]
             for r in rows]
     return report.markdown(header, body)
 

@@ -601,7 +601,20 @@ def test_readme_numbers_are_the_records():
     run500 = [r for r in reach if r["run_dir"].endswith("/deep/lr1e-3/source/seed1/500L-500L")]
     bleu500 = one({r["bleu"] for r in run500 if r["kind"] == "eval" and r["updates"] == 500}, "500L BLEU at 500")
     loss500 = one({r["valid_loss"] for r in run500 if r["kind"] == "train" and r["updates"] == 500}, "500L valid loss")
-    claim(f"plateau after 500 updates: valid loss {loss500:.3f}, BLEU {bleu500:.2f}")
+    claim(f"lr 1e-3 (valid loss {loss500:.3f}, BLEU {bleu500:.2f} after 500 updates)")
+    probe = one({r["valid_loss"] for r in reach if r["kind"] == "train" and r["updates"] == 300
+                 and r["run_dir"].endswith("/deep/lr5e-4/source/seed1/500L-500L")}, "500L probe at 5e-4")
+    assert probe < loss500 - 0.5  # below the plateau
+    claim(f"leaves it at 5e-4 (valid loss {probe:.3f} after 300;")
+    from deepnet_experiments import reach_tables
+
+    width = {(r["width"], r["method"], r["lr"]): r["bleu"] for r in reach_tables.width_rows(reach) if r["width"] == 128}
+    source, preln = width[128, "deepnet_source", 0.002], width[128, "preln", 0.002]
+    assert source == max(width.values())  # the width's best cell
+    assert preln == max(b for (_, method, _), b in width.items() if method == "preln")  # Pre-LN's best rate
+    claim(f"at d128 the source init's {source:.2f} (2e-3) stays")
+    claim(f"{source - preln:.2f} above Pre-LN's best ({preln:.2f}, 2e-3); at 4e-3 it breaks down "
+          f"(BLEU {width[128, 'deepnet_source', 0.004]:.2f}) where Pre-LN keeps {width[128, 'preln', 0.004]:.2f}")
     deploy = json.loads((ROOT / DEPLOY).read_text())
     ct2 = deploy["results"]["ct2_float32"]
     assert ct2["same_hypotheses_as_fairseq"] == deploy["sentences"]

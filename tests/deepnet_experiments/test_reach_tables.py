@@ -11,7 +11,7 @@ from deepnet_experiments import reach_tables
 TABLE = [ROOT / "docs/results/multi30k_table/results.jsonl", ROOT / "docs/results/multi30k_table/results_source_init.jsonl"]
 
 
-def record(kind, variant, width, lr, updates, value, wall=None, layers=18, study="width"):
+def record(kind, variant, width, lr, updates, value, wall=None, layers=18, study="width", world_size=1):
     arch, init = ("deepnet", variant) if variant in ("paper", "source") else (variant, None)
     run_dir = f"/work/runs/reach/{study}/d{width}/lr{lr}/{variant}/seed1/{layers}L-{layers}L"
     run = {"seed": 1, "lr": lr, "warmup_updates": 100, "device": "cpu", "width": width, "precision": "fp32"}
@@ -20,7 +20,8 @@ def record(kind, variant, width, lr, updates, value, wall=None, layers=18, study
     if kind == "eval":
         r.update(max_update=updates, bleu=value)
     else:
-        r.update(valid_loss=value, wall_time_s=wall, peak_rss_mib=1000 + updates, config={"train": {"max_update": updates}})
+        r.update(valid_loss=value, wall_time_s=wall, peak_rss_mib=1000 + updates, world_size=world_size,
+                 config={"train": {"max_update": updates}})
     return r
 
 
@@ -48,20 +49,20 @@ def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
 
 def test_a_resumed_stage_is_charged_its_own_updates(tmp_path):
     records = [record("train", "source", 64, 0.002, 500, 6.0, wall=20000, layers=500, study="deep"),
-               record("train", "source", 64, 0.002, 1000, 5.0, wall=25000, layers=500, study="deep"),
+               record("train", "source", 64, 0.002, 1000, 5.0, wall=25000, layers=500, study="deep", world_size=2),
                record("eval", "source", 64, 0.002, 1000, 16.0, layers=500, study="deep")]
     stage_500, row = reach_tables.deep_rows(records)  # the 500-update stage, not evaluated, is a row without BLEU
     assert (stage_500["updates"], stage_500["bleu"], stage_500["s_per_update"]) == (500, None, 40.0)
-    assert (row["depth"], row["updates"], row["bleu"], row["valid_loss"], row["s_per_update"], row["peak_rss_mib"]) == \
-        ("500L-500L", 1000, 16.0, 5.0, 50.0, 2000)
+    assert (row["depth"], row["updates"], row["bleu"], row["valid_loss"], row["s_per_update"], row["peak_rss_mib"],
+            row["processes"]) == ("500L-500L", 1000, 16.0, 5.0, 50.0, 2000, 2)  # the stage's own processes
 
 
 def test_a_probe_is_a_row_without_bleu_and_a_run_with_nothing_left_to_train_costs_nothing(tmp_path):
     probe = record("train", "source", 64, 0.001, 300, 7.5, wall=4500, layers=500, study="deep")
     again = dict(record("train", "source", 64, 0.002, 300, 8.9, wall=20, layers=500, study="deep"), resumed_from=300)
     rows = reach_tables.deep_rows([probe, again])
-    assert [(r["lr"], r["bleu"], r["valid_loss"], r["s_per_update"]) for r in rows] == [(0.001, None, 7.5, 15.0),
-                                                                                         (0.002, None, 8.9, None)]
+    assert [(r["lr"], r["bleu"], r["valid_loss"], r["s_per_update"], r["peak_rss_mib"]) for r in rows] == \
+        [(0.001, None, 7.5, 15.0, 1300), (0.002, None, 8.9, None, None)]
 
 
 def test_the_committed_tables_are_the_committed_records(tmp_path):
