@@ -31,6 +31,7 @@ WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_l
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "processes", "peak_rss_mib",
                "run_dir"]
 COSTS = ("s_per_update", "peak_rss_mib", "processes")  # what train_costs gives per stage
+NO_COSTS = (None,) * len(COSTS)  # a stage that trained nothing, or none recorded
 
 
 def train_costs(records):
@@ -49,7 +50,7 @@ def train_costs(records):
             done = r["updates"] - ((r["resumed_from"] or 0) if "resumed_from" in r else before)
             # a stage that trained nothing (resumed at its end) measured neither the run's speed nor its memory
             costs[run_dir, r["updates"]] = (round(r["wall_time_s"] / done, 2), r.get("peak_rss_mib"),
-                                            r.get("world_size")) if done > 0 else (None, None, None)
+                                            r.get("world_size")) if done > 0 else NO_COSTS
             before = r["updates"]
     return costs
 
@@ -107,7 +108,7 @@ def deep_rows(records, prefix="/reach/deep/"):
                          "updates": r["updates"], "bleu": r["bleu"], "valid_loss": next(
                              (t.get("valid_loss") for t in records if t.get("kind") == "train"
                               and t["run_dir"] == r["run_dir"] and t["updates"] == r["max_update"]), None),
-                         **dict(zip(COSTS, costs.get((r["run_dir"], r["max_update"]), (None, None, None)))),
+                         **dict(zip(COSTS, costs.get((r["run_dir"], r["max_update"]), NO_COSTS))),
                          "run_dir": r["run_dir"]})
     return sorted(rows, key=lambda r: (-int(r["depth"].split("L")[0]), deepnet_methods.order(r["method"]), r["updates"]))
 

@@ -54,7 +54,6 @@ def test_script_help_and_bad_input(tmp_path):
     assert proc.returncode != 0 and "not a binarised fairseq data dir" in proc.stderr
 
 
-
 def test_a_map_stopped_mid_grid_keeps_its_finished_cells_in_the_csv(tmp_path, monkeypatch):
     """The CSVs are written as each cell finishes, so a lane stopped in the second cell has the first recorded."""
     def run_cell(args, data, method, depth, lr, warmup):  # the first cell finishes as sweep.train_one leaves it
