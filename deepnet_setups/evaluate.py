@@ -457,6 +457,7 @@ def main(argv=None):
                        "run_dir": str(folder), "eval_device": "cpu" if cpu else "cuda",
                        "wall_time_s": round(time.time() - start, 1), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                        "max_update": train_cfg.get("train", {}).get("max_update"),
+                       "decoding": {key: cfg["eval"][key] for key in DECODING_KEYS},
                        **evaluated_run(folder, averaged, arch, train_cfg)})
         with tp.atomic_write(out / "scores.json") as handle:
             json.dump(result, handle, indent=1)
@@ -471,6 +472,10 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+# the eval settings a score depends on (or a decode's memory: max_tokens), as the record's "decoding"
+DECODING_KEYS = ("beam", "lenpen", "max_len_a", "max_len_b", "max_tokens")
 
 
 def evaluated_run(folder, checkpoint, arch, train_cfg):

@@ -89,7 +89,9 @@ width_stage() {  # width_stage WIDTH RATE VARIANT
     "train.lr=$2" train.warmup_updates=100
 }
 
-deep=(train.warmup_updates=100 train.validate_interval_updates=100)
+# eval.max_tokens: a 500L-500L beam keeps ~11 MB of attention state per hypothesis, and fairseq-generate's default
+# 8,000 tokens a batch ran out of 23 GB at lr 5e-4 (1e-3's 500-update row, decoded before, fit); 1,000 holds ~4 GB
+deep=(train.warmup_updates=100 train.validate_interval_updates=100 eval.max_tokens=1000)
 PROBE_UPDATES=300
 # probe RATE: the 500L-500L source init trained to PROBE_UPDATES at RATE, not evaluated (its valid loss picks the
 # rate); skipped where its folder or a record says it was trained
