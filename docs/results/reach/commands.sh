@@ -13,7 +13,7 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-d
                     and 5e-4 to 300 updates (the probe); at the rate with the lowest valid loss, 100L-100L and 50L-50L
                     to 500 and 1,000, 500L-500L to 500 updates, Pre-LN and Post-LN at 500L-500L to 200, and last
                     500L-500L to 1,000 (hours unbroken on one thread; DEEP_PROCS=2: two gloo processes). A
-                    500L-500L run stopped on its way to 1,000 whose folder survived resumes before anything else.
+                    500L-500L run past 500 updates whose folder survived goes on to 1,000 right after the 50L row.
                     A 500L-500L run takes ~15 GB: no second one beside it
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), and 4e-3 where 2e-3 is the best of the three; then at d256 (FFN 1,024)
@@ -124,14 +124,6 @@ PY
 
 case "$lane" in
   deep)
-    # A 500L-500L run past 500 updates whose checkpoint survived holds hours of work: it goes on to 1,000 first.
-    for dir in "$runs"/reach/deep/lr*/source/seed1/500L-500L; do
-      if [ -f "$dir/checkpoints/checkpoint_last.pt" ] && stage_done "$dir" 500 && ! stage_done "$dir" 1000; then
-        rate=${dir#"$runs"/reach/deep/lr} rate=${rate%%/*}
-        say "$dir: resumes to 1,000 updates at lr $rate"
-        stage "reach/deep/lr$rate" source 1 500,500 1000 "${deep[@]}" "train.lr=$rate"
-      fi
-    done
     # the map's two best rates at its deepest row, then 5e-4: at both, 500L-500L stayed on the unigram plateau
     # through the probe, and 5e-4 is where both DeepNet inits left it at d256 (docs/results/source_init)
     for rate in 1e-3 2e-3 5e-4; do probe "$rate"; done
@@ -144,6 +136,10 @@ case "$lane" in
     # then 500 updates at 500L-500L (~2.3 h; where the rate is the probe's, 200 more), and 1,000 (~5 h unbroken)
     # last; with DEEP_PROCS=2 (both cores free) it trains as two processes of 1,000 tokens each, the same batch.
     for layers in 100,100 50,50; do for updates in 500 1000; do deep_stage source "$layers" "$updates"; done; done
+    # A 500L-500L run past 500 updates whose checkpoint survived holds hours of work: it goes on to 1,000
+    # next (~2.5 h), before the runs that start from nothing.
+    dir=$runs/reach/deep/lr$rate/source/seed1/500L-500L
+    if [ -f "$dir/checkpoints/checkpoint_last.pt" ] && stage_done "$dir" 500; then deep_stage source 500,500 1000; fi
     deep_stage source 500,500 500
     for variant in preln postln; do deep_stage "$variant" 500,500 200; done
     PROCS=${DEEP_PROCS:-} deep_stage source 500,500 1000 ${DEEP_PROCS:+"train.max_tokens=$((2000 / DEEP_PROCS))"} ;;
