@@ -89,7 +89,8 @@ def test_iwslt_pipeline_bleu_beats_copying_the_source(iwslt):
     assert scores["bleu"] > scores["copy_source_bleu"], scores
     assert not any("@@" in h for h in hyps)
     assert [name.rsplit("_", 1)[1] for name in scores["averaged"]] == ["80.pt", "100.pt", "120.pt"]
-    assert scores["decoding"] == {"beam": 5, "lenpen": 1.0, "max_len_a": 0.0, "max_len_b": 200, "max_tokens": 8000}
+    # the record names the decoding as it ran: TINY's length limit, the config's beam and batch
+    assert scores["decoding"] == {"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "max_tokens": 8000}
     assert f"BLEU {scores['bleu']}" in iwslt["eval_stdout"]
 
 
