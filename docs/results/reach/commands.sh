@@ -89,8 +89,9 @@ width_stage() {  # width_stage WIDTH RATE VARIANT
     "train.lr=$2" train.warmup_updates=100
 }
 
-# eval.max_tokens: a 500L-500L beam keeps ~11 MB of attention state per hypothesis, and fairseq-generate's default
-# 8,000 tokens a batch ran out of 23 GB at lr 5e-4 (1e-3's 500-update row, decoded before, fit); 1,000 holds ~4 GB
+# eval.max_tokens: a 500L-500L beam keeps ~11 MB of attention state per hypothesis (500 layers' keys and values):
+# at fairseq-generate's 8,000 tokens a batch, lr 5e-4's decode reached 21.6 GB and was killed on a 23 GB machine
+# (1e-3's 500-update row, decoded before, fit); at 1,000 it decoded with 9.6 GB in use, a width run beside it
 deep=(train.warmup_updates=100 train.validate_interval_updates=100 eval.max_tokens=1000)
 PROBE_UPDATES=300
 # probe RATE: the 500L-500L source init trained to PROBE_UPDATES at RATE, not evaluated (its valid loss picks the
