@@ -133,7 +133,7 @@ case "$lane" in
     say "500L-500L goes on at lr $rate"
     deep_stage() { stage "reach/deep/lr$rate" "$1" 1 "$2" "$3" "${deep[@]}" "train.lr=$rate" "${@:4}"; }
     # 500L-500L to 1,000 updates; DEEP_PROCS=2 (both cores free) trains it as two gloo processes of 1,000 tokens
-    # each, the same batch: measured 20 s/update on both cores against ~23 on one thread beside another lane
+    # each, the same batch: measured 21 s/update on both cores, 23-31 on one thread beside another lane
     deep_1000() {
       PROCS=${DEEP_PROCS:-} deep_stage source 500,500 1000 ${DEEP_PROCS:+"train.max_tokens=$((2000 / DEEP_PROCS))"}
     }
