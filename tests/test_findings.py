@@ -535,6 +535,24 @@ def test_readme_numbers_are_the_records():
     assert not any(r["status"] == "diverges" for r in paper)
     claim(f"trains in {sum(r['status'] == 'trains' for r in source)} of {len(source)} cells of the stability map "
           f"(paper init: {sum(r['status'] == 'trains' for r in paper)})")
+    from deepnet_experiments import schemes_tables
+
+    schemes_map = schemes_tables.read_map(ROOT / MAP)
+
+    def best(method, depth):  # the method's valid NLL at its best rate at that depth (None: no cell trains)
+        rate = schemes_tables.best_rate(schemes_map[method, depth])
+        return None if rate is None else float(schemes_map[method, depth][rate]["valid_nll"])
+
+    nll = {(method, depth): best(method, depth) for method in ("deepnet_source", "lns", "periln", "preln", "mixln", "dyt")
+           for depth in (6, 18, 50)}
+    assert abs(nll["lns", 6] - nll["deepnet_source", 6]) <= 0.02  # "level"
+    assert all(nll["deepnet_source", d] < nll["lns", d] < min(nll["periln", d], nll["preln", d]) for d in (18, 50))
+    assert nll["mixln", 50] is None and nll["dyt", 50] is None
+    claim(f"LayerNorm Scaling is level with the source init at 6L-6L ({nll['lns', 6]:.2f} against "
+          f"{nll['deepnet_source', 6]:.2f})")
+    claim(f"and behind it at 18L-18L and 50L-50L ({nll['lns', 18]:.2f} and {nll['lns', 50]:.2f} against "
+          f"{nll['deepnet_source', 18]:.2f} and {nll['deepnet_source', 50]:.2f}), Peri-LN ({nll['periln', 18]:.2f}, "
+          f"{nll['periln', 50]:.2f}) and Pre-LN ({nll['preln', 18]:.2f}, {nll['preln', 50]:.2f}) further")
     protocol = {(r["arch"], r["max_update"]): r["bleu"] for r in jsonl(PROTOCOL) if r["kind"] == "eval"}
     claim(f"ends at {protocol['postln', 8000]:.2f}; DeepNet ({protocol['deepnet', 8000]:.2f}) and "
           f"Pre-LN ({protocol['preln', 8000]:.2f}) end level")
