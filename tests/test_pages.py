@@ -481,7 +481,45 @@ def claims_reach(claim):
 
 
 def claims_schemes(claim):
-    """The page's prose holds settings only; its numbers are in its generated tables."""
+    from deepnet_experiments import figures, schemes_tables
+
+    cells = schemes_tables.read_map(ROOT / "docs/figures/stability_map.csv")
+    new, depths = ("periln", "mixln", "lns", "dyt"), (6, 18, 50)
+
+    def best(method, depth):  # valid NLL at the method's best rate (inf: no cell trains)
+        rate = schemes_tables.best_rate(cells[method, depth])
+        return float("inf") if rate is None else float(cells[method, depth][rate]["valid_nll"])
+
+    def trains(method, depth):
+        return [c["status"] == "trains" for c in cells[method, depth].values()]
+
+    count = {m: sum(sum(trains(m, d)) for d in depths) for m in new}
+    assert max(count, key=count.get) == "lns"
+    assert all(best("lns", d) < min(best(m, d) for m in new if m != "lns") for d in depths)
+    assert abs(best("lns", 6) - best("deepnet_source", 6)) <= 0.02  # "level"
+    assert all(best("deepnet_source", d) < best("lns", d) for d in (18, 50))
+    claim(f"LayerNorm Scaling trains in the most cells of the four ({count['lns']} of "
+          f"{sum(len(trains('lns', d)) for d in depths)}) and has the lowest valid NLL of them at every depth "
+          f"({best('lns', 6):.2f}, {best('lns', 18):.2f} and {best('lns', 50):.2f} bits at 6L, 18L and 50L), level with "
+          f"the source init at 6L-6L ({best('deepnet_source', 6):.2f}) and behind it deeper "
+          f"({best('deepnet_source', 18):.2f}, {best('deepnet_source', 50):.2f})")
+    mix18 = dict(zip(cells["mixln", 18], trains("mixln", 18)))
+    assert mix18[0.004] is mix18[0.008] is False and not any(trains("mixln", 50))
+    assert not any(trains("dyt", 18) + trains("dyt", 50)) and all(trains("dyt", 6)[2:])
+    fig5 = figures.read_fig5(ROOT / "docs/figures/fig5_update_norm.csv")
+
+    def post_over(method, depth, u=25):  # Post-LN's largest update up to update u over the method's
+        return figures.ratio(*(max(v for k, v in fig5[m, depth].items() if k <= u) for m in ("postln", method)))
+
+    fig5_depths = (6, 18, 50, 100)
+    source = [post_over("deepnet_source", d) for d in fig5_depths]
+    lns = [post_over("lns", d) for d in fig5_depths]
+    pre_like = [post_over(m, d) for m in ("periln", "mixln", "preln") for d in fig5_depths]
+    dyt = [post_over("dyt", d) for d in fig5_depths]
+    assert dyt == sorted(dyt, reverse=True)
+    claim(f"Post-LN's update is {min(source):.1f}-{max(source):.1f}x the source init's from 6L-6L to 100L-100L, "
+          f"{min(lns):.1f}-{max(lns):.1f}x LayerNorm Scaling's and {min(pre_like):.1f}-{max(pre_like):.1f}x Peri-LN's, "
+          f"Mix-LN's and Pre-LN's; DyT's ratio falls with depth, from {dyt[0]:.1f}x at 6L-6L to {dyt[-1]:.1f}x")
 
 
 CLAIMS = {"reach": claims_reach, "schemes": claims_schemes, "multi30k": claims_multi30k, "multi30k_table": claims_multi30k_table, "paper_protocol": claims_paper_protocol,
