@@ -611,7 +611,7 @@ def test_readme_numbers_are_the_records():
         return figures.ratio(*(max(v for k, v in fig5[m, depth].items() if k <= u) for m in ("postln", method)))
 
     shallow = [post_over("deepnet", depth, 50) for depth in (6, 18, 50, 100)]
-    claim(f"Post-LN's is {min(shallow):.1f}-{max(shallow):.1f}x DeepNet's in the first 50 updates")
+    claim(f"Post-LN's early update is {min(shallow):.1f}-{max(shallow):.1f}x DeepNet's in the first 50 updates")
     deep = {(m, d, u): post_over(m, d, u) for m in ("deepnet", "deepnet_source", "preln") for d in (250, 500) for u in (25, 50)}
     claim(f"at 250L-250L and 500L-500L {deep['deepnet', 250, 25]:.1f}x and {deep['deepnet', 500, 25]:.1f}x in the first "
           f"25, {deep['deepnet', 250, 50]:.1f}x and {deep['deepnet', 500, 50]:.1f}x in the first 50")
@@ -623,11 +623,15 @@ def test_readme_numbers_are_the_records():
     loss5e4 = one({r["valid_loss"] for r in run5e4 if r["kind"] == "train"}, "500L valid loss at 5e-4")
     assert loss5e4 < loss500 - 0.5  # below the plateau
     bleu5e4 = one({r["bleu"] for r in run5e4 if r["kind"] == "eval"}, "500L BLEU at 5e-4")
+    run1000 = [r for r in reach if r["run_dir"].endswith("/deep/lr5e-4/source/seed1/500L-500L") and r["updates"] == 1000]
+    bleu1000 = one({r["bleu"] for r in run1000 if r["kind"] == "eval"}, "500L BLEU at 1,000")
+    loss1000 = one({r["valid_loss"] for r in run1000 if r["kind"] == "train"},
+                   "500L valid loss at 1,000")
     bleu100 = one({r["bleu"] for r in reach if r["kind"] == "eval" and r["updates"] == 1000
                    and r["run_dir"].endswith("/deep/lr5e-4/source/seed1/100L-100L")}, "100L BLEU at 1,000")
-    claim(f"At lr 5e-4 the source init's 100L-100L reaches BLEU {bleu100:.2f} after 1,000 updates and 500L-500L "
-          f"{bleu5e4:.2f} after 500 (valid loss {loss5e4:.3f}; at 1e-3 it stays on the unigram plateau: {loss500:.3f}, "
-          f"BLEU {bleu500:.2f};")
+    claim(f"At lr 5e-4 the source init's 100L-100L reaches BLEU {bleu100:.2f} after 1,000 updates, 500L-500L only "
+          f"{bleu5e4:.2f} after 500 and {bleu1000:.2f} after 1,000 (valid loss {loss5e4:.3f}, {loss1000:.3f}; at 1e-3 "
+          f"{loss500:.3f}, BLEU {bleu500:.2f}: the unigram plateau;")
     from deepnet_experiments import reach_tables
 
     width = {(r["width"], r["method"], r["lr"]): r["bleu"] for r in reach_tables.width_rows(reach) if r["width"] == 128}

@@ -478,6 +478,23 @@ def claims_reach(claim):
     source50 = {float(r["lr"]): float(r["valid_nll"]) for r in csv.DictReader((ROOT / "docs/figures/stability_map.csv").open())
                 if r["method"] == "deepnet_source_init" and r["depth"] == "50" and r["updates"] == "200"}
     claim(f"valid NLL {source50[0.002]:.2f} bits at 2e-3 and {source50[0.001]:.2f} at 1e-3")
+    from deepnet_experiments import reach_tables
+
+    deep = {(r["depth"], r["lr"], r["updates"]): r for r in reach_tables.deep_rows(
+        [json.loads(line) for line in (ROOT / "docs/results/reach/results.jsonl").read_text().splitlines() if line.strip()])
+        if r["method"] == "deepnet_source"}
+
+    def at(depth, updates, lr=5e-4):
+        return deep[f"{depth}L-{depth}L", lr, updates]
+
+    claim(f"after 500 updates 50L-50L scores BLEU {at(50, 500)['bleu']:.2f}, 100L-100L {at(100, 500)['bleu']:.2f} and "
+          f"500L-500L {at(500, 500)['bleu']:.2f}; after 1,000, 100L-100L {at(100, 1000)['bleu']:.2f} (valid loss "
+          f"{at(100, 1000)['valid_loss']:.3f}) and 500L-500L {at(500, 1000)['bleu']:.2f} ({at(500, 1000)['valid_loss']:.3f}), "
+          f"its valid loss still falling by {at(500, 500)['valid_loss'] - at(500, 1000)['valid_loss']:.3f} over its last "
+          "500 updates")
+    assert at(500, 1000)["bleu"] < at(100, 1000)["bleu"] and at(500, 500)["bleu"] < at(100, 500)["bleu"]
+    claim(f"At 1e-3 and 2e-3 500L-500L stays on the plateau ({at(500, 300, 1e-3)['valid_loss']:.3f} and "
+          f"{at(500, 300, 2e-3)['valid_loss']:.3f} after 300)")
 
 
 def claims_schemes(claim):
