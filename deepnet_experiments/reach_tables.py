@@ -2,9 +2,10 @@
 
     python -m deepnet_experiments.reach_tables REACH.jsonl [TABLE.jsonl ...] --out DIR
 
-Reads the launcher's records (``paths.results``); the further files are the small Table 1's seed-1 records (d64,
-lr 2e-3), whose run block does not give their width, lr and warm-up: the table fills those from what that study ran
-(``TABLE_RUN``) and marks them ``*``. Writes into DIR:
+Reads the launcher's records (``paths.results``); the further files are other studies' runs at the width table's
+settings, which fill its cells for the methods the width lane trains: the schemes table's (d64, each method at its
+best map rate) and the small Table 1's seed-1 records (d64, lr 2e-3), whose run block does not give their width, lr
+and warm-up: the table fills those from what that study ran (``TABLE_RUN``) and marks them ``*``. Writes into DIR:
   width.md / width.csv   18L-18L, 1,500 updates, warm-up 100: BLEU and valid loss per width, method and lr, with
                          each method's best rate at each width (by BLEU) and the width's best cell
   width.png              BLEU at each method's best rate against width
@@ -24,8 +25,7 @@ from deepnet_setups import report
 
 from . import seeds_table
 
-# the width table compares every method the study trained; the small Table 1's Post-LN has no wider run
-LEFT_OUT = "postln"
+WIDTH_RUNS = "/reach/"  # the study's run folders (CPU and GPU): the methods it trains are the width table's
 TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # docs/results/multi30k_table/README.md
 WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "processes", "peak_rss_mib",
@@ -59,10 +59,11 @@ def width_rows(records):
     """One row per (width, device, precision, method, lr) at 18L-18L, warm-up 100 (the latest evaluation wins): the CPU
     runs' 1,500 updates, a GPU run's as far as it got. Best rates and cells are picked within a width, device and
     precision, never across them."""
-    costs = train_costs(records)
+    costs, runs = train_costs(records), seeds_table.runs(records, TABLE_RUN)
+    studied = {run["method"] for run in runs if WIDTH_RUNS in run["run_dir"]}
     latest = {}
-    for run in seeds_table.runs(records, TABLE_RUN):
-        if (run["method"] != LEFT_OUT and run["depth"] == "18L-18L" and run["warmup_updates"] == 100
+    for run in runs:
+        if (run["method"] in studied and run["depth"] == "18L-18L" and run["warmup_updates"] == 100
                 and run["seed"] == 1
                 and (run["updates"] == 1500 or run["device"] == "cuda")):
             latest[run["width"], run["device"], run["precision"], run["method"], run["lr"]] = run
@@ -174,7 +175,8 @@ def write_csv(path, fields, rows):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("records", nargs="+", help="results.jsonl files: the study's, then the small Table 1's")
+    parser.add_argument("records", nargs="+",
+                        help="results.jsonl files: the study's, then the schemes table's and the small Table 1's")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:

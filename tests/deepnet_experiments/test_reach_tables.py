@@ -1,5 +1,6 @@
 """docs/results/reach's tables: each method's best rate per width, the width's best cell, s/update of resumed
-stages, and the small Table 1's d64 records joined with what they ran."""
+stages, the small Table 1's d64 records joined with what they ran, and other studies' runs filling cells only for
+the methods the width lane trains."""
 
 import csv
 import json
@@ -9,6 +10,7 @@ from conftest import ROOT
 from deepnet_experiments import reach_tables
 
 TABLE = [ROOT / "docs/results/multi30k_table/results.jsonl", ROOT / "docs/results/multi30k_table/results_source_init.jsonl"]
+SCHEMES = ROOT / "docs/results/schemes/results.jsonl"  # d64 18L-18L at each method's best map rate
 
 
 def record(kind, variant, width, lr, updates, value, wall=None, layers=18, study="width", world_size=1):
@@ -39,6 +41,11 @@ def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
     # d64 at 2e-3: the small Table 1's seed 1 (source init 30.38 in the README's depth bullet is seeds 1-3; seed 1 here)
     d64 = {key[1]: r for key, r in rows.items() if key[0] == "64"}
     assert set(d64) == {"preln", "deepnet", "deepnet_source"} and {r["lr"] for r in d64.values()} == {"0.002"}
+    # the schemes table's runs fill d64 cells of the width lane's methods (its 2024-2025 schemes' rows do not)
+    assert reach_tables.main([str(path), str(SCHEMES), *map(str, TABLE), "--out", str(tmp_path / "with")]) == 0
+    cells = {(r["width"], r["method"], r["lr"]) for r in csv.DictReader((tmp_path / "with/width.csv").open())}
+    assert ("64", "deepnet_source", "0.004") in cells and ("64", "preln", "0.008") in cells
+    assert {method for _, method, _ in cells} == {"preln", "deepnet", "deepnet_source"}
     assert "*" in (tmp_path / "out/width.md").read_text() and (tmp_path / "out/width.png").read_bytes()[:4] == b"\x89PNG"
     # which.md: each method at its best rate, best first, its distance below the width's best and the rates it ran
     which = [line for line in (tmp_path / "out/which.md").read_text().splitlines() if line.startswith("| d128 ")]
@@ -69,6 +76,7 @@ def test_the_committed_tables_are_the_committed_records(tmp_path):
     """width.md, which.md and deep.md (and the CSVs) under docs/results/reach are what its records give today."""
     reach = ROOT / "docs/results/reach"
     gpu = sorted((reach / "gpu").rglob("results.jsonl")) if (reach / "gpu").exists() else []
-    assert reach_tables.main([str(reach / "results.jsonl"), *map(str, gpu), *map(str, TABLE), "--out", str(tmp_path)]) == 0
+    assert reach_tables.main([str(reach / "results.jsonl"), *map(str, gpu), str(SCHEMES), *map(str, TABLE),
+                              "--out", str(tmp_path)]) == 0
     for name in ("width.md", "which.md", "deep.md", "width.csv", "deep.csv"):
         assert (tmp_path / name).read_text() == (reach / name).read_text(), f"{name}: docs/results/reach/commands.sh tables"
