@@ -129,8 +129,8 @@ def width_markdown(rows):
 def deep_markdown(rows):
     header = ["depth", "method", "lr", "updates", "BLEU", "valid loss", "s/update", "processes", "peak RSS MiB a process"]
     body = [[r["depth"], deepnet_methods.label(r["method"]), f"{r['lr']:g}", str(r["updates"]),
-             cell(r["bleu"], 2), cell(r["valid_loss"], 3), cell(r["s_per_update"], 1), str(r["processes"] or "-"),
-             str(r["peak_rss_mib"] or "-")]
+             cell(r["bleu"], 2) + r.get("mark", ""), cell(r["valid_loss"], 3), cell(r["s_per_update"], 1),
+             str(r["processes"] or "-"), str(r["peak_rss_mib"] or "-")]
             for r in rows]
     return report.markdown(header, body)
 

@@ -58,11 +58,37 @@ def test_the_table_holds_the_studys_evaluations_by_depth_best_first(tmp_path):
     assert (rows[1]["valid_loss"], rows[1]["s_per_update"], rows[1]["peak_rss_mib"]) == ("4.5", "2.0", "900")
 
 
+def test_another_studys_run_fills_a_depth_the_lane_left_at_the_best_map_rate_marked(tmp_path):
+    def record(arch, lr, layers, bleu, study, **run):
+        run_dir = f"/work/runs/{study}/lr{lr}/{arch}/seed1/{layers}L-{layers}L"
+        run = {"seed": 1, "lr": lr, "warmup_updates": 100, "device": "cpu", "width": 64, "precision": "fp32", **run}
+        return {"kind": "eval", "arch": arch, "encoder_layers": layers, "decoder_layers": layers, "run_dir": run_dir,
+                "setup": "iwslt14_de_en", "run": run, "updates": 1500, "max_update": 1500, "bleu": bleu}
+
+    write_map(tmp_path / "map.csv", [["preln", 50, 0.002, 100, 200, "trains", 6.9], ["preln", 50, 0.004, 100, 200, "stalls", 6.0],
+                                     ["periln", 50, 0.002, 100, 200, "trains", 6.8]])
+    mine = [record("preln", 0.008, 18, 25.0, "schemes"), record("periln", 0.002, 50, 20.0, "schemes")]
+    other = [record("preln", 0.002, 50, 11.0, "depth"),  # the best map rate at 50L: a row
+             record("preln", 0.004, 50, 12.0, "depth2"),  # another rate: not
+             record("preln", 0.002, 50, 13.0, "wide", width=128),  # another width: not
+             record("periln", 0.002, 50, 40.0, "depth"),  # the lane has its own: not
+             record("dyt", 0.002, 50, 30.0, "depth")]  # a method the lane does not train: not
+    for name, records in (("mine", mine), ("other", other)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert schemes_tables.main([str(tmp_path / "mine.jsonl"), "--map", str(tmp_path / "map.csv"), "--beside",
+                                str(tmp_path / "other.jsonl"), "--out", str(tmp_path / "out")]) == 0
+    rows = [(r["depth"], r["method"], r["bleu"]) for r in csv.DictReader((tmp_path / "out/table.csv").open())]
+    assert rows == [("18L-18L", "preln", "25.0"), ("50L-50L", "periln", "20.0"), ("50L-50L", "preln", "11.0")]
+    table = (tmp_path / "out/table.md").read_text()
+    assert "| 50L-50L | Pre-LN | 0.002 | 1500 | 11.00† |" in table and "†: another study's run" in table
+
+
 def test_the_committed_tables_are_the_committed_map_and_records(tmp_path):
     here = ROOT / "docs/results/schemes"
     records = [str(here / "results.jsonl")] if (here / "results.jsonl").exists() else []
     stability_map = str(ROOT / "docs/figures/stability_map.csv")
-    assert schemes_tables.main([*records, "--map", stability_map, "--out", str(tmp_path)]) == 0
+    beside = str(ROOT / "docs/results/source_init/results.jsonl")
+    assert schemes_tables.main([*records, "--map", stability_map, "--beside", beside, "--out", str(tmp_path)]) == 0
     for name in ("map.md", "table.md"):
         assert (tmp_path / name).read_text() == (here / name).read_text(), \
             f"{name}: docs/results/schemes/commands.sh tables"

@@ -17,6 +17,7 @@ Usage: docs/results/schemes/commands.sh LANE [--runs DIR] [--raw-dir DIR]
                    scheme, DeepNet (source init) and Pre-LN at 18L-18L at its best map rate at 18L; then the two new
                    schemes with the best 18L BLEU at 50L-50L at their best map rate at 50L
            tables  copy the records and figures here and to docs/figures, write the report, map.md and table.md
+                   (its 50L-50L DeepNet and Pre-LN rows: the source-init study's runs at the same settings)
   --runs   run folders, prepared data and records (default: /work/runs)
   --raw-dir raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
 A method's best map rate at a depth: the rate of its cell that trains with the lowest valid NLL.
@@ -54,8 +55,9 @@ case "$lane" in
       "$root/scripts/report" "$committed" --out-dir "$here"
     fi
     mine=(); [ -f "$committed" ] && mine=("$committed")
+    # the source-init study's 50L-50L runs (d64, warm-up 100, 1,500 updates) of DeepNet and Pre-LN at their best map rate
     "$py" -m deepnet_experiments.schemes_tables ${mine[@]+"${mine[@]}"} --map "$root/docs/figures/stability_map.csv" \
-      --out "$here"
+      --beside "$root/docs/results/source_init/results.jsonl" --out "$here"
     "$py" -m deepnet_experiments.pages sync "$here/README.md"
     exit 0 ;;
   fig5)
