@@ -496,6 +496,21 @@ def claims_reach(claim):
     assert all(at(500, u)["bleu"] < at(50, u)["bleu"] < at(100, u)["bleu"] for u in (500, 1000))  # "ahead", "behind"
     claim(f"At 1e-3 and 2e-3 500L-500L stays on the plateau ({at(500, 300, 1e-3)['valid_loss']:.3f} and "
           f"{at(500, 300, 2e-3)['valid_loss']:.3f} after 300)")
+    others = ["schemes/results.jsonl", "multi30k_table/results.jsonl", "multi30k_table/results_source_init.jsonl"]
+    width = reach_tables.width_rows([json.loads(line) for path in ("reach/results.jsonl", *others)
+                                     for line in (ROOT / "docs/results" / path).read_text().splitlines() if line.strip()])
+    best = {(r["width"], r["method"]): r for r in width if r["best_rate"] and r["device"] == "cpu"}
+    assert all(best[w, "deepnet_source"]["best_of_width"] for w in (64, 128))
+
+    def at_best(w, method):
+        return f"{best[w, method]['bleu']:.2f} at {best[w, method]['lr']:.0e}".replace("e-0", "e-")
+
+    claim(f"The source init is the best cell at d64 ({at_best(64, 'deepnet_source')}; Pre-LN {at_best(64, 'preln')}, "
+          f"the paper init {at_best(64, 'deepnet')}) and at d128 ({at_best(128, 'deepnet_source')}; Pre-LN "
+          f"{at_best(128, 'preln')}, the paper init {at_best(128, 'deepnet')})")
+    cell = {(r["width"], r["method"], r["lr"]): r["bleu"] for r in width}
+    assert best[128, "deepnet_source"]["lr"] == 2e-3
+    claim(f"(d128 at 4e-3: BLEU {cell[128, 'deepnet_source', 4e-3]:.2f}) where Pre-LN keeps {cell[128, 'preln', 4e-3]:.2f}")
 
 
 def claims_schemes(claim):
