@@ -538,21 +538,6 @@ def test_readme_numbers_are_the_records():
     from deepnet_experiments import schemes_tables
 
     schemes_map = schemes_tables.read_map(ROOT / MAP)
-
-    def best(method, depth):  # the method's valid NLL at its best rate at that depth (None: no cell trains)
-        rate = schemes_tables.best_rate(schemes_map[method, depth])
-        return None if rate is None else float(schemes_map[method, depth][rate]["valid_nll"])
-
-    nll = {(method, depth): best(method, depth) for method in ("deepnet_source", "lns", "periln", "preln", "mixln", "dyt")
-           for depth in (6, 18, 50)}
-    assert abs(nll["lns", 6] - nll["deepnet_source", 6]) <= 0.02  # "level"
-    assert all(nll["deepnet_source", d] < nll["lns", d] < min(nll["periln", d], nll["preln", d]) for d in (18, 50))
-    assert nll["mixln", 50] is None and nll["dyt", 50] is None
-    claim(f"LayerNorm Scaling is level with the source init at 6L-6L ({nll['lns', 6]:.2f} against "
-          f"{nll['deepnet_source', 6]:.2f})")
-    claim(f"and behind it at 18L-18L and 50L-50L ({nll['lns', 18]:.2f} and {nll['lns', 50]:.2f} against "
-          f"{nll['deepnet_source', 18]:.2f} and {nll['deepnet_source', 50]:.2f}), Peri-LN ({nll['periln', 18]:.2f}, "
-          f"{nll['periln', 50]:.2f}) and Pre-LN ({nll['preln', 18]:.2f}, {nll['preln', 50]:.2f}) further")
     protocol = {(r["arch"], r["max_update"]): r["bleu"] for r in jsonl(PROTOCOL) if r["kind"] == "eval"}
     claim(f"ends at {protocol['postln', 8000]:.2f}; DeepNet ({protocol['deepnet', 8000]:.2f}) and "
           f"Pre-LN ({protocol['preln', 8000]:.2f}) end level")
@@ -634,13 +619,31 @@ def test_readme_numbers_are_the_records():
           f"{loss500:.3f}, BLEU {bleu500:.2f}: the unigram plateau;")
     from deepnet_experiments import reach_tables
 
-    width = {(r["width"], r["method"], r["lr"]): r["bleu"] for r in reach_tables.width_rows(reach) if r["width"] == 128}
-    source, preln = width[128, "deepnet_source", 0.002], width[128, "preln", 0.002]
-    assert source == max(width.values())  # the width's best cell
-    assert preln == max(b for (_, method, _), b in width.items() if method == "preln")  # Pre-LN's best rate
-    claim(f"at d128 the source init's {source:.2f} (2e-3) stays")
-    claim(f"{source - preln:.2f} above Pre-LN's best ({preln:.2f}, 2e-3); at 4e-3 it breaks down "
-          f"(BLEU {width[128, 'deepnet_source', 0.004]:.2f}) where Pre-LN keeps {width[128, 'preln', 0.004]:.2f}")
+    others = [r for path in ("docs/results/schemes/results.jsonl", *TABLE) for r in jsonl(path)]  # d64 cells
+    rows = [r for r in reach_tables.width_rows(reach + others) if r["device"] == "cpu"]
+    best = {(r["width"], r["method"]): r for r in rows if r["best_rate"]}
+    assert all(best[w, "deepnet_source"]["best_of_width"] for w in (64, 128))
+    gap = {w: best[w, "deepnet_source"]["bleu"] - best[w, "preln"]["bleu"] for w in (64, 128)}
+    assert (best[64, "deepnet_source"]["lr"], best[64, "preln"]["lr"]) == (4e-3, 8e-3)
+    assert best[128, "deepnet_source"]["lr"] == best[128, "preln"]["lr"] == 2e-3
+    claim(f"the source init leads Pre-LN by {gap[64]:.2f} BLEU at d64 ({best[64, 'deepnet_source']['bleu']:.2f} at")
+    claim(f"4e-3, {best[64, 'preln']['bleu']:.2f} at 8e-3) and {gap[128]:.2f} at d128 "
+          f"({best[128, 'deepnet_source']['bleu']:.2f}, {best[128, 'preln']['bleu']:.2f}, both 2e-3)")
+    width = {(r["width"], r["method"], r["lr"]): r["bleu"] for r in rows}
+    claim(f"at d128 4e-3 it breaks down ({width[128, 'deepnet_source', 0.004]:.2f}), Pre-LN keeps "
+          f"{width[128, 'preln', 0.004]:.2f}")
+    import csv
+
+    table = {(r["depth"], r["method"]): float(r["bleu"])
+             for r in csv.DictReader((ROOT / "docs/results/schemes/table.csv").open())}  # the records': test_schemes_tables
+    new = [m for d, m in table if d == "18L-18L" and m not in ("deepnet_source", "preln")]
+    assert all(table[d, "lns"] == max(table.get((d, m), 0) for m in new) for d in ("18L-18L", "50L-50L"))
+    claim(f"LayerNorm Scaling comes closest: {table['18L-18L', 'lns']:.2f} at 18L-18L and {table['50L-50L', 'lns']:.2f} "
+          f"at 50L-50L")
+    claim(f"against the source init's {table['18L-18L', 'deepnet_source']:.2f} and {table['50L-50L', 'deepnet_source']:.2f}; "
+          f"Peri-LN scores {table['18L-18L', 'periln']:.2f} and {table['50L-50L', 'periln']:.2f}, Mix-LN "
+          f"{table['18L-18L', 'mixln']:.2f} at 18L-18L")
+    assert all(schemes_tables.best_rate(schemes_map["dyt", d]) is None for d in (18, 50))  # "trains at no rate"
     deploy = json.loads((ROOT / DEPLOY).read_text())
     ct2 = deploy["results"]["ct2_float32"]
     assert ct2["same_hypotheses_as_fairseq"] == deploy["sentences"]

@@ -553,6 +553,22 @@ def claims_schemes(claim):
     claim(f"Post-LN's update is {min(source):.1f}-{max(source):.1f}x the source init's from 6L-6L to 100L-100L, "
           f"{min(lns):.1f}-{max(lns):.1f}x LayerNorm Scaling's and {min(pre_like):.1f}-{max(pre_like):.1f}x Peri-LN's, "
           f"Mix-LN's and Pre-LN's; DyT's ratio falls with depth, from {dyt[0]:.1f}x at 6L-6L to {dyt[-1]:.1f}x")
+    import csv
+
+    table = {(r["depth"], r["method"]): float(r["bleu"])
+             for r in csv.DictReader((ROOT / "docs/results/schemes/table.csv").open())}  # the records': test_schemes_tables
+    t18 = {m: table["18L-18L", m] for d, m in table if d == "18L-18L"}
+    t50 = {m: table["50L-50L", m] for d, m in table if d == "50L-50L"}
+    assert "dyt" not in t18 and schemes_tables.best_rate(cells["dyt", 18]) is None
+    claim(f"At 18L-18L the source init scores {t18['deepnet_source']:.2f}, LayerNorm Scaling {t18['lns']:.2f}, Pre-LN "
+          f"{t18['preln']:.2f}, Peri-LN {t18['periln']:.2f} and Mix-LN {t18['mixln']:.2f}")
+    claim(f"at 50L-50L the source init {t50['deepnet_source']:.2f}, LayerNorm Scaling {t50['lns']:.2f}, Pre-LN "
+          f"{t50['preln']:.2f} and Peri-LN {t50['periln']:.2f}")
+    assert all(t["lns"] == max(b for m, b in t.items() if m in new) for t in (t18, t50))  # "the one new scheme"
+    assert all(t["preln"] > max(b for m, b in t.items() if m in new and m != "lns") for t in (t18, t50))
+    claim(f"stays near DeepNet ({t18['deepnet_source'] - t18['lns']:.2f} and {t50['deepnet_source'] - t50['lns']:.2f} "
+          f"behind) and ahead of Pre-LN at both depths (by {t18['lns'] - t18['preln']:.2f} and "
+          f"{t50['lns'] - t50['preln']:.2f})")
 
 
 CLAIMS = {"reach": claims_reach, "schemes": claims_schemes, "multi30k": claims_multi30k, "multi30k_table": claims_multi30k_table, "paper_protocol": claims_paper_protocol,
