@@ -144,6 +144,9 @@ class TrainConfig:
     # CrossConST's weight (--crossconst-alpha of the plugin's criterion; null: not passed, off). Set, it needs
     # criterion diagnostic_label_smoothed_cross_entropy (fairseq's own criterion refuses the option)
     crossconst_alpha: Optional[float] = None
+    # --flush-denormal of the plugin's task (and diagnostic criterion): float32 denormals flushed to zero, for a deep
+    # Post-LN on CPU, whose vanishing gradients otherwise make an update about three times slower
+    flush_denormal: bool = False
     # a checkpoint to fine-tune from (fairseq's --finetune-from-model: its weights, a new optimizer, schedule and
     # data order), taken only while the run folder has no checkpoint_last.pt, so that a stopped fine-tune resumes
     finetune_from_model: Optional[str] = None

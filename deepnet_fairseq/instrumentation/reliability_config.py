@@ -40,6 +40,13 @@ class ReliabilityConfig(FairseqDataclass):
                                        "above F times the running average of the previous updates' diverged "
                                        "(0: off; the average is kept in checkpoints)"}
     )
+    # a speed option of the same training loop (train_loop.start_of_training): a deep Post-LN's vanishing gradients
+    # cross float32's denormal range, where CPU arithmetic is several times slower
+    flush_denormal: bool = field(
+        default=False, metadata={"help": "flush float32 denormals (below 1.2e-38) to zero in this process "
+                                         "(torch.set_flush_denormal; CPUs with SSE3), where a deep Post-LN's "
+                                         "vanishing gradients make CPU arithmetic several times slower"}
+    )
     divergence_fp16_fallback: ChoiceEnum(["none", "bf16", "fp32"]) = field(
         default="none", metadata={"help": "with --divergence-guard and --fp16: when the loss scale reaches its "
                                           "minimum, skip that update and go on in bf16 or fp32 instead of stopping"}

@@ -186,6 +186,10 @@ def start_of_training(load_checkpoint):
             logger.info(f"on {', '.join(s.name for s in signals)}: save checkpoint_last.pt at the end of the update "
                         f"and exit with status {preemption.PREEMPTED_EXIT_STATUS} (--save-on-signals)")
         lost_rank.start(trainer.data_parallel_rank, trainer.data_parallel_world_size, options.lost_rank_timeout)
+        if options.flush_denormal:
+            if not torch.set_flush_denormal(True):
+                raise ValueError("--flush-denormal: this CPU cannot flush denormals (torch.set_flush_denormal)")
+            logger.info("float32 denormals are flushed to zero (--flush-denormal)")
         _Run.rollback = rollback
         resume_precision(trainer)
         if rollback.limit:
