@@ -117,23 +117,28 @@ def read_jsonl(path):
     return [json.loads(line) for line in (ROOT / path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-REMEDY_NAMES = ("none", "residual drop", "ROBT")
+REMEDY_NAMES = ("none", "residual drop", "ROBT", "CrossConST")  # the tables' order
 
 
 def zero_shot_parts(folder):
-    """('deepnet_source', 't-enc-t-dec', 'residual drop 3') for a zero-shot study run folder's name."""
+    """('deepnet_source', 't-enc-t-dec', 'residual drop 3') for a zero-shot study run folder's name; remedies
+    combined are joined with ' + ' ('ROBT + CrossConST 0.25')."""
     from deepnet_experiments import zero_shot_study as study
 
     variant = study.variant_of(folder)
-    tags, remedy = study.LANG_TAGS[0], "none"
+    tags, remedies = study.LANG_TAGS[0], []
     for part in filter(None, folder[len(variant):].split("_")):
         if part in study.LANG_TAGS:
             tags = part
-        elif part.startswith("rdrop"):
-            remedy = f"residual drop {part[5:]}"
-        elif part == "robt":
-            remedy = "ROBT"
-    return variant, tags, remedy
+        elif study.remedy_label(part):
+            remedies.append(study.remedy_label(part))
+    return variant, tags, " + ".join(remedies) or "none"
+
+
+def is_remedy(remedy, names):
+    """Whether a table's remedy ('residual drop 3', 'CrossConST 0.25, fine-tuned') is one of ``names`` ('residual
+    drop', 'CrossConST') or starts with one."""
+    return any(remedy == name or remedy.startswith(name + " ") for name in names)
 
 
 ZERO_SHOT_COLUMNS = {  # the study's summary column -> (the page's header, digits)
@@ -159,13 +164,13 @@ def zero_shot_table(records, columns, seeds=None, updates=None, tags=None, model
             return False
         model, tag, remedy = zero_shot_parts(Path(record["run_dir"]).parent.name)
         return ((tags is None or tag in tags) and (models is None or model in models)
-                and (remedies is None or remedy.rsplit(" ", 1)[0] in remedies or remedy in remedies))
+                and (remedies is None or is_remedy(remedy, remedies)))
 
     rows = []
     for row in study.summarise([r for r in records if kept(r)]):
         model, tag, remedy = zero_shot_parts(row["arch"])
         order = (row["updates"], deepnet_methods.order(model), study.LANG_TAGS.index(tag),
-                 REMEDY_NAMES.index(remedy.rsplit(" ", 1)[0] if remedy.startswith("residual") else remedy))
+                 next(i for i, name in enumerate(REMEDY_NAMES) if is_remedy(remedy, [name])), remedy)
         pool = row["model"].partition(" [")[2]
         label = deepnet_methods.label(model, init_named=True)  # the paper init named beside the source init
         rows.append((order, [label + (f" [{pool}" if pool else ""), tag, remedy, str(row["updates"]),
@@ -195,6 +200,17 @@ def seeds_view(paths, unrecorded, lr):
     return seeds_table.markdown(rows) + note
 
 
+def crossconst_view(records):
+    """The CrossConST phase's table: its runs and the same models' runs without a remedy (the phase's records start
+    as a copy of the other phases'), at 1,500 updates and at the fine-tune's end."""
+    from deepnet_experiments import zero_shot_study as study
+
+    models = {zero_shot_parts(Path(r["run_dir"]).parent.name)[0] for r in records
+              if is_remedy(zero_shot_parts(Path(r["run_dir"]).parent.name)[2], ["CrossConST"])}
+    return zero_shot_table(records, TAGGED, updates={1500, study.FINETUNE_UPDATES}, tags={"t-enc-t-dec"},
+                           models=models, remedies={"none", "CrossConST"})
+
+
 TAGS_DIR = "docs/results/zero_shot_tags"
 # file written -> (what it shows, a function of nothing returning its text)
 VIEWS = {
@@ -215,6 +231,10 @@ VIEWS = {
         lambda: zero_shot_table(read_jsonl(f"{TAGS_DIR}/long/results.jsonl"), TAGGED, seeds={1, 2, 3},
                                 tags={"t-enc-t-dec"}, models={"deepnet_source"},
                                 remedies={"none", "residual drop"})),
+    f"{TAGS_DIR}/crossconst/t-enc-t-dec.md": (
+        "CrossConST: T-ENC-T-DEC without it and at each weight, from scratch (1,500 updates) and as a fine-tune of the "
+        "run without it, every recorded seed, for the models it ran with",
+        lambda: crossconst_view(read_jsonl(f"{TAGS_DIR}/crossconst/results.jsonl"))),
     "docs/results/zero_shot/summary.md": (
         "shared training pairs: each model's means over the seeds at each update count",
         lambda: zero_shot_table(read_jsonl("docs/results/zero_shot/results.jsonl"),

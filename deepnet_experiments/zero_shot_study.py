@@ -173,14 +173,23 @@ def variant_of(folder_name):
     return next((v for v in sorted(variants(), key=len, reverse=True) if folder_name.startswith(v)), folder_name)
 
 
+def remedy_label(part):
+    """A run folder's remedy part as the tables name it (rdrop3: 'residual drop 3', robt: 'ROBT', cc0.25ft:
+    'CrossConST 0.25, fine-tuned'); None for a part that is no remedy."""
+    if part.startswith("rdrop"):
+        return f"residual drop {part[5:]}"
+    if part == "robt":
+        return "ROBT"
+    if part.startswith("cc"):
+        return f"CrossConST {part[2:].removesuffix('ft')}" + (", fine-tuned" if part.endswith("ft") else "")
+    return None
+
+
 def model_name(folder_name):
     """'DeepNet, source init, t-enc, residual drop 3' for a run folder named deepnet_source_t-enc_rdrop3."""
     variant = variant_of(folder_name)
     parts = [deepnet_methods.label(variant)]
-    for part in filter(None, folder_name[len(variant):].split("_")):
-        if part.startswith("cc"):
-            part = f"CrossConST {part[2:].removesuffix('ft')}" + (", fine-tuned" if part.endswith("ft") else "")
-        parts.append(f"residual drop {part[5:]}" if part.startswith("rdrop") else "ROBT" if part == "robt" else part)
+    parts += [remedy_label(part) or part for part in filter(None, folder_name[len(variant):].split("_"))]
     return ", ".join(parts)
 
 

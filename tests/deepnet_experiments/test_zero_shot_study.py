@@ -82,6 +82,10 @@ def test_crossconst_from_scratch_and_as_a_finetune_of_the_run_without_it(tmp_pat
     assert "train.max_update=500" in finetune and "train.warmup_updates=100" in finetune
     assert "translation_multi_robt" in trains[2] and "train.crossconst_alpha=0.1" in trains[2]
     assert study.model_name("preln_cc0.5ft") == "Pre-LN, CrossConST 0.5, fine-tuned"
+    from deepnet_experiments import pages  # the pages' tables name the same remedies, combined ones joined
+
+    assert pages.zero_shot_parts("preln_t-enc-t-dec_robt_cc0.1") == ("preln", "t-enc-t-dec", "ROBT + CrossConST 0.1")
+    assert pages.is_remedy("CrossConST 0.5, fine-tuned", ["CrossConST"]) and not pages.is_remedy("ROBT", ["none"])
     assert study.finetune_base("robt+crossconst0.25_ft") == "robt" and study.finetune_base("crossconst0.1") is None
     assert study.main([*args[:3], "--remedies", "crossconst0.1_ft+crossconst0.2_ft"]) == 2
 
