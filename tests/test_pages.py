@@ -487,6 +487,10 @@ def claims_zero_shot_tags(claim):
           f"{baseline - cc('supervised bleu'):.2f} below")
     assert cc("zero-shot on-target") >= goal_on and cc("zero-shot / pivot") >= goal_ratio  # "meets ... parts"
     assert baseline - cc("supervised bleu") > 0.5  # "not its supervised part"
+    heavier = f"_cc{weights[1]}"
+    assert cc("zero-shot bleu", heavier) > cc("zero-shot bleu") and cc("supervised bleu", heavier) < cc("supervised bleu")
+    claim(f"At weight {weights[1]} zero-shot BLEU rises to {cc('zero-shot bleu', heavier):.2f} "
+          f"({cc('zero-shot / pivot', heavier):.3f} of pivot) and supervised BLEU falls to {cc('supervised bleu', heavier):.2f}")
 
 
 def claims_reach(claim):
