@@ -130,8 +130,8 @@ def zero_shot_parts(folder):
     for part in filter(None, folder[len(variant):].split("_")):
         if part in study.LANG_TAGS:
             tags = part
-        elif study.remedy_label(part):
-            remedies.append(study.remedy_label(part))
+        elif label := study.remedy_label(part):
+            remedies.append(label)
     return variant, tags, " + ".join(remedies) or "none"
 
 
@@ -205,8 +205,8 @@ def crossconst_view(records):
     as a copy of the other phases'), at 1,500 updates and at the fine-tune's end."""
     from deepnet_experiments import zero_shot_study as study
 
-    models = {zero_shot_parts(Path(r["run_dir"]).parent.name)[0] for r in records
-              if is_remedy(zero_shot_parts(Path(r["run_dir"]).parent.name)[2], ["CrossConST"])}
+    parts = {zero_shot_parts(Path(r["run_dir"]).parent.name) for r in records}
+    models = {model for model, _, remedy in parts if is_remedy(remedy, ["CrossConST"])}
     return zero_shot_table(records, TAGGED, updates={1500, study.FINETUNE_UPDATES}, tags={"t-enc-t-dec"},
                            models=models, remedies={"none", "CrossConST"})
 

@@ -66,13 +66,13 @@ def table_rows(records, cells=None, beside=()):
     rows = [r for r in reach_tables.deep_rows(records, prefix="/schemes/") if r["bleu"] is not None]
     have = {(r["method"], r["depth"]) for r in rows}
     methods, depths = {method for method, _ in have}, {depth for _, depth in have}
+    evaluated = {(row["run_dir"], row["updates"]): row for row in reach_tables.deep_rows(beside, prefix="/")}
     for r in beside:
         run, key = r.get("run") or {}, (deepnet_methods.canonical(report.model_name(r)), report.depth(r))
         if (r.get("kind") == "eval" and r.get("max_update") == UPDATES and key[0] in methods and key[1] in depths
                 and key not in have and all(run.get(k) == v for k, v in TABLE_RUN.items())
                 and run.get("lr") == best_rate((cells or {}).get((key[0], int(key[1].split("L")[0])), {}))):
-            row = next(x for x in reach_tables.deep_rows(beside, prefix=r["run_dir"]) if x["updates"] == UPDATES)
-            rows.append(dict(row, mark=BESIDE))
+            rows.append(dict(evaluated[r["run_dir"], UPDATES], mark=BESIDE))
             have.add(key)
     return sorted(rows, key=lambda r: (int(r["depth"].split("L")[0]), -r["bleu"]))
 

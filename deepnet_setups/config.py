@@ -145,7 +145,7 @@ class TrainConfig:
     # criterion diagnostic_label_smoothed_cross_entropy (fairseq's own criterion refuses the option)
     crossconst_alpha: Optional[float] = None
     # --flush-denormal of the plugin's task (and diagnostic criterion): float32 denormals flushed to zero, for a deep
-    # Post-LN on CPU, whose vanishing gradients otherwise make an update about three times slower
+    # Post-LN on CPU, whose vanishing gradients otherwise make an update several times slower
     flush_denormal: bool = False
     # a checkpoint to fine-tune from (fairseq's --finetune-from-model: its weights, a new optimizer, schedule and
     # data order), taken only while the run folder has no checkpoint_last.pt, so that a stopped fine-tune resumes

@@ -501,9 +501,8 @@ def claims_reach(claim):
     claim(f"valid NLL {source50[0.002]:.2f} bits at 2e-3 and {source50[0.001]:.2f} at 1e-3")
     from deepnet_experiments import reach_tables
 
-    deep = {(r["depth"], r["lr"], r["updates"]): r for r in reach_tables.deep_rows(
-        [json.loads(line) for line in (ROOT / "docs/results/reach/results.jsonl").read_text().splitlines() if line.strip()])
-        if r["method"] == "deepnet_source"}
+    records = jsonl("docs/results/reach/results.jsonl")
+    deep = {(r["depth"], r["lr"], r["updates"]): r for r in reach_tables.deep_rows(records) if r["method"] == "deepnet_source"}
 
     def at(depth, updates, lr=5e-4):
         return deep[f"{depth}L-{depth}L", lr, updates]
@@ -517,14 +516,12 @@ def claims_reach(claim):
     assert all(at(500, u)["bleu"] < at(50, u)["bleu"] < at(100, u)["bleu"] for u in (500, 1000))  # "ahead", "behind"
     claim(f"At 1e-3 and 2e-3 500L-500L stays on the plateau ({at(500, 300, 1e-3)['valid_loss']:.3f} and "
           f"{at(500, 300, 2e-3)['valid_loss']:.3f} after 300)")
-    records = [json.loads(line) for line in (ROOT / "docs/results/reach/results.jsonl").read_text().splitlines() if line]
     deepest = {r["method"]: r for r in reach_tables.deep_rows(records) if r["depth"] == "500L-500L" and r["updates"] == 200}
     assert max(deepest["preln"]["bleu"], deepest["postln"]["bleu"]) < 0.1  # "neither translates"
     claim(f"BLEU {deepest['preln']['bleu']:.2f} and {deepest['postln']['bleu']:.2f} (valid loss "
           f"{deepest['preln']['valid_loss']:.3f} and {deepest['postln']['valid_loss']:.3f})")
     others = ["schemes/results.jsonl", "multi30k_table/results.jsonl", "multi30k_table/results_source_init.jsonl"]
-    width = reach_tables.width_rows([json.loads(line) for path in ("reach/results.jsonl", *others)
-                                     for line in (ROOT / "docs/results" / path).read_text().splitlines() if line.strip()])
+    width = reach_tables.width_rows(records + [r for path in others for r in jsonl(f"docs/results/{path}")])
     best = {(r["width"], r["method"]): r for r in width if r["best_rate"] and r["device"] == "cpu"}
     assert all(best[w, "deepnet_source"]["best_of_width"] for w in (64, 128))
 
