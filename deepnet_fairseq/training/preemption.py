@@ -9,9 +9,15 @@ exact-resume state to ``checkpoint_last.pt``, logs one line and every rank exits
 ``PREEMPTED_EXIT_STATUS`` (75, ``EX_TEMPFAIL``: try again). The setups' launcher requeues the SLURM
 job (``scontrol requeue``) when that status comes back. ``--save-on-signals`` (``ReliabilityConfig``)
 picks the signals or turns this off.
+
+SLURM's preemption and a process-group kill signal every process, DataLoader workers too. torch's
+worker dies of a SIGTERM not sent by its parent, and the trainer then raises before it can save; so
+a child forked after ``install`` (a worker) blocks the signals and leaves the stop to the trainer,
+which shuts its workers down itself.
 """
 
 import logging
+import os
 import signal
 
 logger = logging.getLogger(__name__)
@@ -41,11 +47,18 @@ class SignalRequest:
     def __init__(self):
         self.received = None
         self.signals = []
+        self._fork_hook = False
 
     def install(self, signals):
         self.signals = list(signals)
         for sig in self.signals:
             signal.signal(sig, self._handle)
+        if self.signals and not self._fork_hook:
+            os.register_at_fork(after_in_child=self._leave_to_parent)
+            self._fork_hook = True
+
+    def _leave_to_parent(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
 
     def _handle(self, signum, frame):
         if self.received is None:  # a signal handler only notes it: the loop acts at an update boundary
