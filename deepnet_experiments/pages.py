@@ -201,14 +201,14 @@ def seeds_view(paths, unrecorded, lr):
 
 
 def crossconst_view(records):
-    """The CrossConST phase's table: its runs and the same models' runs without a remedy (the phase's records start
-    as a copy of the other phases'), at 1,500 updates and at the fine-tune's end."""
+    """The CrossConST phase's table: its runs and the same models' runs without a remedy and with ROBT, alone or
+    combined (the phase's records start as a copy of the other phases'), at 1,500 updates and at the fine-tune's end."""
     from deepnet_experiments import zero_shot_study as study
 
     parts = {zero_shot_parts(Path(r["run_dir"]).parent.name) for r in records}
     models = {model for model, _, remedy in parts if is_remedy(remedy, ["CrossConST"])}
     return zero_shot_table(records, TAGGED, updates={1500, study.FINETUNE_UPDATES}, tags={"t-enc-t-dec"},
-                           models=models, remedies={"none", "CrossConST"})
+                           models=models, remedies={"none", "CrossConST", "ROBT"})
 
 
 TAGS_DIR = "docs/results/zero_shot_tags"
@@ -232,8 +232,8 @@ VIEWS = {
                                 tags={"t-enc-t-dec"}, models={"deepnet_source"},
                                 remedies={"none", "residual drop"})),
     f"{TAGS_DIR}/crossconst/t-enc-t-dec.md": (
-        "CrossConST: T-ENC-T-DEC without it and at each weight, from scratch (1,500 updates) and as a fine-tune of the "
-        "run without it, every recorded seed, for the models it ran with",
+        "CrossConST: T-ENC-T-DEC without it, with ROBT, and at each weight, from scratch (1,500 updates) and as a "
+        "fine-tune of the run without it, alone and with ROBT, every recorded seed, for the models it ran with",
         lambda: crossconst_view(read_jsonl(f"{TAGS_DIR}/crossconst/results.jsonl"))),
     "docs/results/zero_shot/summary.md": (
         "shared training pairs: each model's means over the seeds at each update count",

@@ -205,3 +205,33 @@ def test_commands_sh_shares_out_seeds_and_sends_runs_to_the_gpu(tmp_path):
     assert "seed2/opus100/preln_t-enc-t-dec_robt/6L-6L" in trains[0] and "train.precision=fp32" in trains[0]
     proc = subprocess.run(["bash", here / "gpu.sh"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: docs/results/zero_shot_tags/gpu.sh OUT_DIR" in proc.stderr
+
+
+def test_best_crossconst_meets_the_goal_at_the_least_supervised_cost(tmp_path, capsys):
+    zero_shot = ("de-fr", "fr-de")
+
+    def run(folder, seed, supervised, zero_shot_bleu, pivot, on_target, updates=1500):
+        record = eval_record(folder, seed, updates, {d: supervised for d in study.SUPERVISED}
+                             | {d: zero_shot_bleu for d in zero_shot}, {d: on_target for d in study.SUPERVISED + zero_shot})
+        for d in record["directions"]:
+            if d["direction"] in zero_shot:
+                d["zero_shot_over_pivot"] = zero_shot_bleu / pivot
+        return record
+
+    plain = "deepnet_source_t-enc-t-dec"
+    records = [run(plain, 1, 19.0, 2.0, 10.0, 90.0),
+               run(plain + "_cc0.1", 1, 18.0, 8.5, 10.0, 100.0),  # meets the goal's zero-shot parts
+               run(plain + "_cc0.25", 1, 17.0, 9.5, 10.0, 100.0),  # too, at a higher supervised cost
+               run(plain + "_cc0.1ft", 1, 18.8, 7.0, 10.0, 99.0, updates=500),  # misses 0.8 of pivot
+               run(plain + "_cc0.5", 2, 19.0, 9.9, 10.0, 100.0),  # another seed
+               run(plain + "_robt_cc0.1", 1, 19.5, 9.9, 10.0, 100.0)]  # combined: not a CrossConST weight of its own
+    assert study.best_crossconst(records, "deepnet_source", "t-enc-t-dec") == "crossconst0.1"
+    # none meets them: the highest zero-shot / pivot, a fine-tune too
+    records[1:3] = [run(plain + "_cc0.1", 1, 18.0, 6.0, 10.0, 100.0)]
+    assert study.best_crossconst(records, "deepnet_source", "t-enc-t-dec") == "crossconst0.1_ft"
+    assert study.best_crossconst(records, "preln", "t-enc-t-dec") is None
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    best = ["--best-crossconst", "--lang-tags", "t-enc-t-dec", "--runs", str(tmp_path)]
+    assert study.main([*best, "--archs", "deepnet_source"]) == 0 and capsys.readouterr().out == "crossconst0.1_ft\n"
+    assert study.main([*best, "--archs", "preln"]) == 2

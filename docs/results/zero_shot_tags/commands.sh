@@ -16,8 +16,10 @@ Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [-
             long STRATEGY     the best two of those (--archs, --remedies) continued to 3,000 updates
             crossconst STRATEGY CrossConST on that strategy: weights 0.1, 0.25, 0.5, from scratch (1,500 updates) and
                               as a 500-update fine-tune of the 1,500-update run without it; seed 1, the source init
-                              (default --archs deepnet_source --seeds 1); then, e.g., the best recipe over seeds 1-3
-                              with --archs deepnet_source,preln --remedies crossconst0.25, and robt+crossconst0.25
+                              (default --archs deepnet_source --seeds 1)
+            recipe STRATEGY   the crossconst phase's best remedy (the weight and way nearest issue 49's goal on seed
+                              1: zero_shot_study --best-crossconst), alone and with robt, seeds 1-3, for the source
+                              init and Pre-LN (default --archs deepnet_source,preln --seeds 1,2,3)
   --archs   of deepnet_source, preln, deepnet (default: all three, in this order)
   --remedies of none, residual_drop, robt, crossconst<A>, crossconst<A>_ft, or + of them (default: none,residual_drop;
             the screen uses none; robt: random online back-translation in half the updates from update 750;
@@ -43,7 +45,7 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=$2; shift 2 ;;
     --gpu) device=gpu; shift ;;
     -h|--help) usage; exit 0 ;;
-    screen|remedy|long|crossconst) phase=$1; shift ;;
+    screen|remedy|long|crossconst|recipe) phase=$1; shift ;;
     s-enc-t-dec|t-enc|t-enc-t-dec) strategy=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -52,6 +54,7 @@ done
 case "$phase" in  # the defaults, where not given
   crossconst) : "${archs:=deepnet_source}" "${seeds:=1}"
               : "${remedies:=crossconst0.1,crossconst0.25,crossconst0.5,crossconst0.1_ft,crossconst0.25_ft,crossconst0.5_ft}" ;;
+  recipe) : "${archs:=deepnet_source,preln}" "${seeds:=1,2,3}" ;;
   *) : "${archs:=deepnet_source,preln,deepnet}" "${remedies:=none,residual_drop}" "${seeds:=1,2,3}" ;;
 esac
 [ "$phase" = screen ] || [ -n "$strategy" ] || { echo "commands.sh: $phase needs the strategy the screen chose" >&2; exit 2; }
@@ -74,6 +77,10 @@ case "$phase" in
             --out "$here/long" ;;
   crossconst) "${study[@]}" --lang-tags "$strategy" --remedies "$remedies" --seeds "$seeds" --stages 1500 \
                 --out "$here/crossconst" ;;
+  recipe) best=$("${study[@]}" --lang-tags "$strategy" --archs deepnet_source --best-crossconst)
+          echo "[commands.sh] the crossconst phase's best remedy: $best"
+          "${study[@]}" --lang-tags "$strategy" --remedies "${remedies:-$best,robt+$best}" --seeds "$seeds" \
+            --stages 1500 --out "$here/crossconst" ;;
 esac
 # the page's tables, cut from the records just written, and the page's blocks refreshed from them
 [ ${#dry[@]} -gt 0 ] || { "${study[0]}" -m deepnet_experiments.pages tables && "${study[0]}" -m deepnet_experiments.pages sync "$here/README.md"; }
