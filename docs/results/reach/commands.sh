@@ -151,20 +151,31 @@ case "$lane" in
     deep_stage postln 500,500 200 train.flush_denormal=true
     deep_1000 ;;
   width)
+    variants=(source preln paper)
     for width in ${widths//,/ }; do
-      for variant in source preln paper; do
+      planned=()  # each variant's rates at this width, as a space-separated list
+      for variant in "${variants[@]}"; do
         case "$width" in
           # and the small Table 1's 2e-3: the map's best at 18L is 4e-3 or above; the source init's 4e-3 (its best
           # map rate) is the schemes table's run, which the tables read
           64) chosen=(5e-4 1e-3 4e-3); [ "$variant" = source ] && chosen=(5e-4 1e-3) ;;
           128) chosen=("${rates[@]}") ;;
           *) best=$(best_rate "$variant" 128)
-             [ -n "$best" ] || { say "d$width $variant: no d128 records yet, skipped"; continue; }
-             case "$best" in 5e-4) chosen=(5e-4) ;; 1e-3) chosen=(1e-3 5e-4) ;; 2e-3) chosen=(2e-3 1e-3) ;;
-               *) chosen=(4e-3 2e-3) ;; esac ;;
+             if [ -z "$best" ]; then say "d$width $variant: no d128 records yet, skipped"; chosen=()
+             else case "$best" in 5e-4) chosen=(5e-4) ;; 1e-3) chosen=(1e-3 5e-4) ;; 2e-3) chosen=(2e-3 1e-3) ;;
+               *) chosen=(4e-3 2e-3) ;; esac; fi ;;
         esac
-        for rate in "${chosen[@]}"; do width_stage "$width" "$rate" "$variant"; done
-        # a best rate at the grid's top is not bracketed: one step up at d128
+        planned+=("${chosen[*]-}")
+      done
+      # rank by rank across the variants: at d256 every variant's best d128 rate runs before any next-lower one
+      for rank in 0 1 2; do
+        for i in "${!variants[@]}"; do
+          read -ra chosen <<< "${planned[$i]}"
+          if [ "$rank" -lt "${#chosen[@]}" ]; then width_stage "$width" "${chosen[$rank]}" "${variants[$i]}"; fi
+        done
+      done
+      # a best rate at the grid's top is not bracketed: one step up at d128
+      for variant in "${variants[@]}"; do
         if [ "$width" = 128 ] && [ "$(best_rate "$variant" 128)" = 2e-3 ]; then width_stage 128 4e-3 "$variant"; fi
       done
     done ;;
