@@ -52,8 +52,8 @@ REMEDIES = ("none", "residual_drop", "robt", "crossconst<A>", "crossconst<A>_ft"
 # translation_multi_robt task) in half the updates from update 750 on, the first stage's second half (Zhang et al.
 # fine-tune a trained model with it); crossconst<A>: CrossConST (Gao et al. 2023) at weight A from the first update;
 # crossconst<A>_ft: a fine-tuning stage with it of FINETUNE_UPDATES, from the run without it at the first stage, as
-# its authors do (fairseq's --finetune-from-model: optimizer and schedule start anew). Joined with +, e.g.
-# robt+crossconst0.25.
+# its authors do (fairseq's --finetune-from-model: optimizer and schedule start anew); crossconst0_ft, the same
+# fine-tune without it, is what a fine-tune's supervised BLEU compares with. Joined with +, e.g. robt+crossconst0.25.
 REMEDY = re.compile(r"none|residual_drop|robt|crossconst(\d*\.?\d+)(_ft)?")
 ROBT = ["--task", "translation_multi_robt", "--robt-share", "0.5", "--robt-from-update", "750"]
 CROSSCONST = ["train.criterion=diagnostic_label_smoothed_cross_entropy"]  # the criterion that takes its weight
@@ -268,22 +268,30 @@ GOAL_ON_TARGET, GOAL_OVER_PIVOT, GOAL_SUPERVISED_COST = 95.0, 0.8, 0.5
 
 def best_crossconst(records, variant, lang_tags, seed=1, stage=1500):
     """The CrossConST remedy (``crossconst0.25``, ``crossconst0.1_ft``) whose ``seed`` run of ``variant`` on
-    ``lang_tags`` meets the goal's on-target and zero-shot / pivot parts at the lowest supervised cost against the
-    same seed without it (``stage`` updates); where none meets them, the highest zero-shot / pivot. None if none ran."""
-    rows = summarise([r for r in records if seed_of(r.get("run_dir", "")) == seed])
+    ``lang_tags`` meets the goal's on-target and zero-shot / pivot parts at the lowest supervised cost; where none
+    meets them, the highest zero-shot / pivot. The cost is against the same seed without it: the run without it at
+    ``stage`` updates for one from scratch, the same fine-tune at weight 0 (``crossconst0_ft``: as many more updates)
+    for a fine-tune. None if no run has both."""
+    rows = {(row["arch"], row["updates"]): row
+            for row in summarise([r for r in records if seed_of(r.get("run_dir", "")) == seed])}
     plain = run_variant(variant, lang_tags, "none", 0)[0]
-    base = next((row for row in rows if row["arch"] == plain and row["updates"] == stage), None)
-    found = [(match, row) for row in rows
-             if (match := re.fullmatch(re.escape(plain) + r"_cc(\d*\.?\d+)(ft)?", row["arch"]))]
-    if base is None or not found:
+    found = []
+    for (arch, updates), row in rows.items():
+        match = re.fullmatch(re.escape(plain) + r"_cc(\d*\.?\d+)(ft)?", arch)
+        if match and float(match.group(1)) > 0:
+            without = rows.get((plain + "_cc0ft", FINETUNE_UPDATES) if match.group(2) else (plain, stage))
+            if without is not None:
+                found.append((match, row, without))
+    if not found:
         return None
 
     def rank(item):
-        row = item[1]
-        meets = (row["zero-shot on-target"][0] >= GOAL_ON_TARGET and row["zero-shot / pivot"][0] >= GOAL_OVER_PIVOT)
-        return (meets, row["supervised bleu"][0] if meets else row["zero-shot / pivot"][0])
+        _, row, without = item
+        on_target, over_pivot = row["zero-shot on-target"][0], row["zero-shot / pivot"][0]
+        meets = on_target >= GOAL_ON_TARGET and over_pivot >= GOAL_OVER_PIVOT
+        return meets, row["supervised bleu"][0] - without["supervised bleu"][0] if meets else over_pivot
 
-    match, _ = max(found, key=rank)
+    match = max(found, key=rank)[0]
     return f"crossconst{match.group(1)}" + ("_ft" if match.group(2) else "")
 
 

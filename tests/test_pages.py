@@ -471,9 +471,9 @@ def claims_zero_shot_tags(claim):
     claim(f"seeds 1 and 2 trained {times('deepnet_source', 1):.2f}x and {times('deepnet_source', 2):.2f}x as long")
     others = [times(mo, s) for mo in ("deepnet", "preln") for s in (1, 2, 3)]
     claim(f"the paper init's and Pre-LN's {min(others):.2f}x-{max(others):.2f}x as long as theirs")
-    # CrossConST: the weights the phase runs (commands.sh's default remedies), and seed 1 at the first of them
+    # CrossConST: the weights the phase runs from scratch (commands.sh's default remedies), and seed 1 at the first
     weights = [part.removeprefix("crossconst") for part in re.search(
-        r'remedies:=([^}"]*)', (ROOT / TAGS / "commands.sh").read_text())[1].split(",") if not part.endswith("_ft")]
+        r"scratch=(\S+)", (ROOT / TAGS / "commands.sh").read_text())[1].split(",")]
     claim(f"the source init at weight {weights[0]}, {weights[1]} and {weights[2]}, from scratch")
     seed1 = zero_shot_rows(f"{TAGS}/crossconst/results.jsonl", seeds={1})
 

@@ -210,7 +210,7 @@ def test_commands_sh_shares_out_seeds_and_sends_runs_to_the_gpu(tmp_path):
 def test_best_crossconst_meets_the_goal_at_the_least_supervised_cost(tmp_path, capsys):
     zero_shot = ("de-fr", "fr-de")
 
-    def run(folder, seed, supervised, zero_shot_bleu, pivot, on_target, updates=1500):
+    def run(folder, seed, supervised, zero_shot_bleu, on_target, updates=1500, pivot=10.0):
         record = eval_record(folder, seed, updates, {d: supervised for d in study.SUPERVISED}
                              | {d: zero_shot_bleu for d in zero_shot}, {d: on_target for d in study.SUPERVISED + zero_shot})
         for d in record["directions"]:
@@ -219,15 +219,20 @@ def test_best_crossconst_meets_the_goal_at_the_least_supervised_cost(tmp_path, c
         return record
 
     plain = "deepnet_source_t-enc-t-dec"
-    records = [run(plain, 1, 19.0, 2.0, 10.0, 90.0),
-               run(plain + "_cc0.1", 1, 18.0, 8.5, 10.0, 100.0),  # meets the goal's zero-shot parts
-               run(plain + "_cc0.25", 1, 17.0, 9.5, 10.0, 100.0),  # too, at a higher supervised cost
-               run(plain + "_cc0.1ft", 1, 18.8, 7.0, 10.0, 99.0, updates=500),  # misses 0.8 of pivot
-               run(plain + "_cc0.5", 2, 19.0, 9.9, 10.0, 100.0),  # another seed
-               run(plain + "_robt_cc0.1", 1, 19.5, 9.9, 10.0, 100.0)]  # combined: not a CrossConST weight of its own
+    ft = study.FINETUNE_UPDATES
+    records = [run(plain, 1, 19.0, 2.0, 90.0),
+               run(plain + "_cc0.1", 1, 18.0, 8.5, 100.0),  # meets the goal's zero-shot parts at a cost of 1.0
+               run(plain + "_cc0.25", 1, 17.0, 9.5, 100.0),  # too, at 2.0
+               run(plain + "_cc0ft", 1, 21.5, 2.5, 92.0, updates=ft),  # the fine-tune at weight 0: 500 more updates
+               run(plain + "_cc0.1ft", 1, 20.0, 8.0, 99.0, updates=ft),  # meets them, higher but at a cost of 1.5
+               run(plain + "_cc0.5", 2, 19.0, 9.9, 100.0),  # another seed
+               run(plain + "_robt_cc0.1", 1, 19.5, 9.9, 100.0)]  # combined: not a CrossConST weight of its own
     assert study.best_crossconst(records, "deepnet_source", "t-enc-t-dec") == "crossconst0.1"
+    # a fine-tune without its weight-0 control is not ranked
+    assert study.best_crossconst(records[:3] + records[4:], "deepnet_source", "t-enc-t-dec") == "crossconst0.1"
     # none meets them: the highest zero-shot / pivot, a fine-tune too
-    records[1:3] = [run(plain + "_cc0.1", 1, 18.0, 6.0, 10.0, 100.0)]
+    records = [records[0], records[3], run(plain + "_cc0.1", 1, 18.0, 6.0, 100.0),
+               run(plain + "_cc0.1ft", 1, 20.0, 7.0, 99.0, updates=ft)]
     assert study.best_crossconst(records, "deepnet_source", "t-enc-t-dec") == "crossconst0.1_ft"
     assert study.best_crossconst(records, "preln", "t-enc-t-dec") is None
     results = tmp_path / "results.jsonl"

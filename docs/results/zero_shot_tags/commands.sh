@@ -15,8 +15,8 @@ Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [-
             remedy STRATEGY   that strategy with and without the remedies, seeds 1-3, 1,500 updates
             long STRATEGY     the best two of those (--archs, --remedies) continued to 3,000 updates
             crossconst STRATEGY CrossConST on that strategy: weights 0.1, 0.25, 0.5, from scratch (1,500 updates) and
-                              as a 500-update fine-tune of the 1,500-update run without it; seed 1, the source init
-                              (default --archs deepnet_source --seeds 1)
+                              as a 500-update fine-tune of the 1,500-update run without it, beside the same fine-tune
+                              at weight 0; seed 1, the source init (default --archs deepnet_source --seeds 1)
             recipe STRATEGY   the crossconst phase's best remedy (the weight and way nearest issue 49's goal on seed
                               1: zero_shot_study --best-crossconst), alone and with robt, seeds 1-3, for the source
                               init and Pre-LN (default --archs deepnet_source,preln --seeds 1,2,3)
@@ -53,7 +53,8 @@ done
 [ -n "$phase" ] || { usage >&2; exit 2; }
 case "$phase" in  # the defaults, where not given
   crossconst) : "${archs:=deepnet_source}" "${seeds:=1}"
-              : "${remedies:=crossconst0.1,crossconst0.25,crossconst0.5,crossconst0.1_ft,crossconst0.25_ft,crossconst0.5_ft}" ;;
+              scratch=crossconst0.1,crossconst0.25,crossconst0.5  # then the fine-tunes, weight 0 (the control) first
+              : "${remedies:=$scratch,crossconst0_ft,crossconst0.1_ft,crossconst0.25_ft,crossconst0.5_ft}" ;;
   recipe) : "${archs:=deepnet_source,preln}" "${seeds:=1,2,3}" ;;
   *) : "${archs:=deepnet_source,preln,deepnet}" "${remedies:=none,residual_drop}" "${seeds:=1,2,3}" ;;
 esac
