@@ -18,8 +18,9 @@ Usage: docs/results/zero_shot_tags/commands.sh PHASE [STRATEGY] [--archs A,B] [-
                               as a 500-update fine-tune of the 1,500-update run without it, beside the same fine-tune
                               at weight 0; seed 1, the source init (default --archs deepnet_source --seeds 1)
             recipe STRATEGY   the crossconst phase's best remedy (the weight and way nearest issue 49's goal on seed
-                              1: zero_shot_study --best-crossconst), alone and with robt, seeds 1-3, for the source
-                              init and Pre-LN (default --archs deepnet_source,preln --seeds 1,2,3)
+                              1: zero_shot_study --best-crossconst), alone and with robt (a fine-tune: beside the
+                              same at weight 0), seeds 1-3, for the source init and Pre-LN (default --archs
+                              deepnet_source,preln --seeds 1,2,3)
   --archs   of deepnet_source, preln, deepnet (default: all three, in this order)
   --remedies of none, residual_drop, robt, crossconst<A>, crossconst<A>_ft, or + of them (default: none,residual_drop;
             the screen uses none; robt: random online back-translation in half the updates from update 750;
@@ -80,7 +81,9 @@ case "$phase" in
                 --out "$here/crossconst" ;;
   recipe) best=$("${study[@]}" --lang-tags "$strategy" --archs deepnet_source --best-crossconst)
           echo "[commands.sh] the crossconst phase's best remedy: $best"
-          "${study[@]}" --lang-tags "$strategy" --remedies "${remedies:-$best,robt+$best}" --seeds "$seeds" \
+          controls=""  # a fine-tune compares with the same fine-tune at weight 0
+          case "$best" in *_ft) controls=crossconst0_ft,robt+crossconst0_ft, ;; esac
+          "${study[@]}" --lang-tags "$strategy" --remedies "${remedies:-$controls$best,robt+$best}" --seeds "$seeds" \
             --stages 1500 --out "$here/crossconst" ;;
 esac
 # the page's tables, cut from the records just written, and the page's blocks refreshed from them
