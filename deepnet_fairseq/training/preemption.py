@@ -12,13 +12,15 @@ picks the signals or turns this off.
 
 SLURM's preemption and a process-group kill signal every process, DataLoader workers too. torch's
 worker dies of a SIGTERM not sent by its parent, and the trainer then raises before it can save; so
-a child forked after ``install`` (a worker) blocks the signals and leaves the stop to the trainer,
-which shuts its workers down itself.
+a child forked after ``install`` (a worker) blocks the signals and a thread of its own waits for
+them: one from its parent ends it (as torch's worker does: multiprocessing terminates its daemonic
+children at exit), any other is left to the trainer, which then stops its workers itself.
 """
 
 import logging
 import os
 import signal
+import threading
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +60,18 @@ class SignalRequest:
             self._fork_hook = True
 
     def _leave_to_parent(self):
-        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)  # the thread below inherits the mask
+        threading.Thread(target=_end_on_parents_signal, args=(os.getppid(), self.signals), daemon=True).start()
 
     def _handle(self, signum, frame):
         if self.received is None:  # a signal handler only notes it: the loop acts at an update boundary
             self.received = signal.Signals(signum).name
+
+
+def _end_on_parents_signal(parent, signals):
+    while signal.sigwaitinfo(signals).si_pid != parent:
+        pass
+    os._exit(0)
 
 
 request = SignalRequest()
