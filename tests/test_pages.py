@@ -492,6 +492,23 @@ def claims_zero_shot_tags(claim):
     assert cc("zero-shot bleu", heavier) > cc("zero-shot bleu") and cc("supervised bleu", heavier) < cc("supervised bleu")
     claim(f"At weight {weights[1]} zero-shot BLEU rises to {cc('zero-shot bleu', heavier):.2f} "
           f"({cc('zero-shot / pivot', heavier):.3f} of pivot) and supervised BLEU falls to {cc('supervised bleu', heavier):.2f}")
+    # the fine-tunes, beside the same fine-tune at weight 0 (500 updates on)
+    from deepnet_experiments.zero_shot_study import FINETUNE_UPDATES, best_crossconst
+
+    def ft(column, weight):
+        return value(seed1, folder("deepnet_source", TAGGED, f"_cc{weight}ft"), column, FINETUNE_UPDATES)
+
+    assert max(ft("zero-shot / pivot", w) for w in weights) < goal_ratio  # "no weight reaches"
+    claim(f"no weight reaches the goal's {goal_ratio} of pivot: "
+          + ", ".join(f"{ft('zero-shot / pivot', w):.3f}" for w in weights[:-1])
+          + f" and {ft('zero-shot / pivot', weights[-1]):.3f} at {weights[0]}, {weights[1]} and {weights[2]}, where the "
+          f"same fine-tune at weight 0 gives {ft('zero-shot / pivot', 0):.3f}, at supervised BLEU "
+          + ", ".join(f"{ft('supervised bleu', w):.2f}" for w in weights[:-1])
+          + f" and {ft('supervised bleu', weights[-1]):.2f} against its {ft('supervised bleu', 0):.2f}")
+    claim(f"pivot BLEU to {ft('pivot bleu', 0):.2f} from {cc('pivot bleu', ''):.2f} at 1,500")
+    best = best_crossconst(jsonl(f"{TAGS}/crossconst/results.jsonl"), "deepnet_source", TAGGED)
+    claim(f"The recipe phase runs the weight {best.removeprefix('crossconst')} from scratch")
+    assert not best.endswith("_ft")
 
 
 def claims_reach(claim):
