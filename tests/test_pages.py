@@ -448,8 +448,8 @@ def claims_zero_shot_tags(claim):
           f"{lg('pivot bleu', drop):.2f})")
     claim(f"({lg('zero-shot / pivot', updates=1500):.3f} to {lg('zero-shot / pivot'):.3f}, "
           f"{lg('zero-shot / pivot', drop, 1500):.3f} to {lg('zero-shot / pivot', drop):.3f})")
-    from deepnet_experiments.zero_shot_study import GOAL_ON_TARGET as goal_on, GOAL_OVER_PIVOT as goal_ratio, \
-        GOAL_SUPERVISED_COST as goal_cost
+    from deepnet_experiments.zero_shot_study import FINETUNE_UPDATES, GOAL_ON_TARGET as goal_on, \
+        GOAL_OVER_PIVOT as goal_ratio, GOAL_SUPERVISED_COST as goal_cost, best_crossconst
 
     def short_of(name):
         return (goal_ratio - r("deepnet_source", "zero-shot / pivot", name),
@@ -493,8 +493,6 @@ def claims_zero_shot_tags(claim):
     claim(f"At weight {weights[1]} zero-shot BLEU rises to {cc('zero-shot bleu', heavier):.2f} "
           f"({cc('zero-shot / pivot', heavier):.3f} of pivot) and supervised BLEU falls to {cc('supervised bleu', heavier):.2f}")
     # the fine-tunes, beside the same fine-tune at weight 0 (500 updates on)
-    from deepnet_experiments.zero_shot_study import FINETUNE_UPDATES, best_crossconst
-
     def ft(column, weight):
         return value(seed1, folder("deepnet_source", TAGGED, f"_cc{weight}ft"), column, FINETUNE_UPDATES)
 

@@ -60,6 +60,8 @@ class SignalRequest:
             self._fork_hook = True
 
     def _leave_to_parent(self):
+        if not self.signals:  # installed again with none since the hook was registered
+            return
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)  # the thread below inherits the mask
         threading.Thread(target=_end_on_parents_signal, args=(os.getppid(), self.signals), daemon=True).start()
 
