@@ -26,6 +26,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+import deepnet_methods
+
 from . import lang_tags
 
 
@@ -271,10 +273,9 @@ def resolve_precision(train, where):
 
 
 def choices():
-    """CHOICES, and DeepNet's inits as the plugin names them (deepnorm.DEEPNORM_INITS, their one list)."""
-    from deepnet_fairseq.models.deepnorm import DEEPNORM_INITS  # imports fairseq: when a config loads, not before
-
-    return {**CHOICES, "model.deepnorm_init": tuple(DEEPNORM_INITS)}
+    """CHOICES, and DeepNet's inits as the method registry names them (tests/test_method_registry.py: the plugin's
+    deepnorm.DEEPNORM_INITS), read without importing fairseq: a config loads in every script, prepare's too."""
+    return {**CHOICES, "model.deepnorm_init": deepnet_methods.METHODS["deepnet"].inits}
 
 
 def validate(cfg, where):

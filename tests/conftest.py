@@ -159,15 +159,15 @@ def iwslt_work(tmp_path_factory, iwslt_raw):
 
 
 # The modules that take longest, started first so that no worker starts one at the end: make test's, by their
-# tests' summed durations in a quiet `make test --durations` (2026-12-03: pipelines ~130 s with the iwslt_work
-# fixture, deploy ~110, cli with deepnet_run ~70, faults ~45, diagnostics ~40, residual_drop ~37, compile_layers
-# ~33), then make test-slow's (setup_opus, setup_wmt, reliability_multilingual, two_nodes with iwslt_work,
-# reliability_checkpoints, source_init). Modules that share a session fixture are apart, so that one worker does
-# not wait on another's build.
-LONGEST_FIRST = ("test_setup_pipelines", "test_deploy", "test_cli", "test_reliability_faults", "test_diagnostics",
-                 "test_crossconst", "test_new_schemes",
-                 "test_residual_drop", "test_compile_layers", "test_checkpoints", "test_setup_config",
-                 "test_reliability_resume", "test_reliability_entry_points", "test_reliability_bad_input",
+# tests' summed durations in a quiet `make test --durations=0` (2026-12-07, 4:08 in all: deploy ~125 s,
+# pipelines ~100 with the iwslt_work fixture, cli with deepnet_run ~70, crossconst ~60, faults ~60, new_schemes ~45,
+# residual_drop ~35), then make test-slow's (setup_opus, setup_wmt, reliability_multilingual, two_nodes with
+# iwslt_work, reliability_checkpoints, source_init). Modules that share a session fixture are apart, so that one
+# worker does not wait on another's build.
+LONGEST_FIRST = ("test_deploy", "test_setup_pipelines", "test_cli", "test_crossconst", "test_reliability_faults",
+                 "test_new_schemes", "test_residual_drop", "test_diagnostics", "test_reliability_resume",
+                 "test_compile_layers", "test_setup_config", "test_flush_denormal", "test_checkpoints",
+                 "test_reliability_bad_input", "test_reliability_entry_points",
                  "test_setup_opus", "test_setup_wmt", "test_reliability_multilingual", "test_two_nodes",
                  "test_reliability_checkpoints", "test_source_init")
 

@@ -368,6 +368,16 @@ def test_drivers_and_the_launcher_import_no_fairseq(module):
     assert module in imported and not {"fairseq", "deepnet_fairseq"} & imported
 
 
+def test_every_config_loads_and_a_dry_run_prints_without_fairseq():
+    """Loading a config (every script does, prepare's early errors too) checks DeepNet's inits against the method
+    registry, not the plugin: a script that refuses its input answers in well under a second, not fairseq's ~5 s."""
+    code = ("import sys; from deepnet_setups import config, launch; "
+            f"[config.load(p, ['model.deepnorm_init=source']) for p in {sorted(map(str, CONFIGS.values()))!r}]; "
+            f"launch.main([{str(CONFIGS['iwslt14_de_en'])!r}, '--arch', 'deepnet', '--layers', '2,2', '--cpu', "
+            "'--dry-run']); assert not {'fairseq', 'deepnet_fairseq'} & set(sys.modules), 'fairseq imported'")
+    assert "fairseq-train" in run([sys.executable, "-c", code]).stdout
+
+
 def test_report_tables_and_plots_bleu_by_updates_for_staged_runs(tmp_path):
     """Runs evaluated at several update counts (paper_protocol_multi30k.sh) get a by-updates table and plot."""
     import csv
