@@ -75,14 +75,27 @@ def named(row):
     return deepnet_methods.label(name) + (f" [{pool}" if pool else "")
 
 
+def with_rate(row, lr):
+    """A row's label with its learning rate inside its brackets: 'deepnet_source [cpu, d128, fp32, lr 0.002]'."""
+    return f"{row[:-1]}, lr {lr:g}]" if row.endswith("]") else f"{row} [lr {lr:g}]"
+
+
 def tables(records):
-    """setup -> (depth columns, {arch: {depth: cell}}, signature)."""
+    """setup -> (depth columns, {arch: {depth: cell}}, signature). A row whose records ran at several learning rates
+    is a row for each (a cell is one run's latest evaluation, never one rate's run standing for another's)."""
     out = {}
     tabled = [r for r in records if r.get("encoder_layers") is not None and r.get("arch") is not None]
     pools = {setup: [pool_key(r) for r in tabled if r["setup"] == setup] for setup in {r["setup"] for r in tabled}}
+    row = {id(r): (r["setup"], labelled(model_name(r), pool_key(r), pools[r["setup"]])) for r in tabled}
+    rates = {}
+    for r in tabled:
+        rates.setdefault(row[id(r)], set()).add((r.get("run") or {}).get("lr"))
     for r in tabled:
         setup = out.setdefault(r["setup"], {"cells": {}, "signatures": set()})
-        cell = setup["cells"].setdefault(labelled(model_name(r), pool_key(r), pools[r["setup"]]), {})
+        name = row[id(r)][1]
+        if len(rates[row[id(r)]] - {None}) > 1 and (r.get("run") or {}).get("lr") is not None:
+            name = with_rate(name, r["run"]["lr"])
+        cell = setup["cells"].setdefault(name, {})
         key = depth(r)
         if r["kind"] == "train" and r.get("diverged"):
             cell[key] = "diverged"

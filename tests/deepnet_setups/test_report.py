@@ -30,3 +30,14 @@ def test_no_pivot_no_ratio_and_a_bilingual_cell_is_bleu_alone():
     assert report.on_target([direction("de-fr", True, 0.0, 5.0, pivot=0.0)]) == \
         " (on target zero-shot 5%; zero-shot BLEU pivot 0.00)"
     assert report.on_target([]) == ""
+
+
+def test_runs_at_several_rates_are_a_row_each():
+    """A width study's records: two rates of one method and width are two rows, each with its own run's BLEU (one
+    cell no longer shows whichever rate was recorded last); a method run at one rate keeps its plain row."""
+    def record(arch, lr, bleu):
+        return {"kind": "eval", "setup": "iwslt14_de_en", "arch": arch, "encoder_layers": 18, "decoder_layers": 18,
+                "bleu": bleu, "run": {"device": "cpu", "width": 128, "precision": "fp32", "lr": lr}}
+    _, rows, _ = report.tables([record("preln", 2e-3, 31.74), record("preln", 4e-3, 30.60),
+                                record("deepnet", 5e-4, 22.99)])["iwslt14_de_en"]
+    assert rows == [["Pre-LN [lr 0.002]", "31.74"], ["Pre-LN [lr 0.004]", "30.60"], ["DeepNet", "22.99"]]
