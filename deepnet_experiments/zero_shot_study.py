@@ -40,7 +40,7 @@ from pathlib import Path
 
 import deepnet_methods
 from deepnet_setups import runner
-from deepnet_setups.records import labelled, pool_key
+from deepnet_setups.records import labelled, migrate, pool_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -356,9 +356,11 @@ def plot(rows, path):
 
 
 def read_records(path):
+    """RUNS/results.jsonl, each record in the schema (migrate: one an older launcher wrote, brought to it)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [migrate(json.loads(line), path) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
 
 
 def commands_run(out, runs):

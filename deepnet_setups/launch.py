@@ -235,12 +235,21 @@ def device_of(on_gpu, precision):
     return "cuda", torch.cuda.get_device_name(0), precision
 
 
-def requeue_if_preempted(returncode, log_stats, env, node_rank=0):
+def recorded_updates(logged, saved, preempted):
+    """A train record's update count: where a preempted run's checkpoint was saved (where it stopped: the last logged
+    update is up to a log interval older), else the last logged one, else the checkpoint's (a run with nothing left
+    to train logs none)."""
+    if preempted and saved is not None:
+        return saved
+    return logged if logged is not None else saved
+
+
+def requeue_if_preempted(returncode, log_stats, env, node_rank=0, updates=None):
     """Status 75 (or torchrun's failure after fairseq's preemption line): requeue under SLURM (node 0's
     launcher). Returns the launcher's exit status, or None if the run was not preempted."""
     if returncode == 0 or not (returncode == PREEMPTED_EXIT_STATUS or log_stats.preempted):
         return None
-    at = f" after update {log_stats.stats['updates']}" if log_stats.stats["updates"] else ""
+    at = f" after update {updates}" if updates else ""
     job = env.get("SLURM_JOB_ID")
     if node_rank != 0:
         return PREEMPTED_EXIT_STATUS
@@ -350,8 +359,9 @@ def main(argv=None):
                   "config": config_block(cfg, opts.arch, "cpu" if opts.cpu else "cuda"), "resumed_from": resumed_from}
         facts = run_facts(folder, cfg, opts.arch, layers, stats["updates"])
         # a run with nothing left to train logs no losses: its checkpoint says where it stands
-        for key in ("updates", "valid_loss"):
-            record[key] = record[key] if record[key] is not None else facts.get(key)
+        record["updates"] = recorded_updates(record["updates"], facts.get("updates"), log_stats.preempted)
+        if record["valid_loss"] is None:
+            record["valid_loss"] = facts.get("valid_loss")
         device, gpu, facts["precision"] = device_of(not opts.cpu, facts.get("precision") or cfg["train"]["precision"])
         record.update(run=records.run_block(opts.arch, facts, device, gpu, cmds[0]),
                       deepnorm=facts.get("deepnorm"), deepnorm_init=facts.get("init"))
@@ -359,7 +369,7 @@ def main(argv=None):
         (folder / "run.json").write_text(json.dumps(record["run"], indent=1))
         if opts.node_rank == 0:
             append_record(cfg["paths"]["results"], record)
-        preempted = requeue_if_preempted(returncode, log_stats, os.environ, opts.node_rank)
+        preempted = requeue_if_preempted(returncode, log_stats, os.environ, opts.node_rank, record["updates"])
         if preempted is not None:
             return preempted
         if returncode != 0:

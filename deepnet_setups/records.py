@@ -99,6 +99,9 @@ def problems(record):
     for key in ("encoder_layers", "decoder_layers"):
         if run.get(key) is not None and record.get(key) is not None and run[key] != record[key]:
             found.append(f"run.{key} {run[key]} disagrees with the record's {record[key]}")
+    if record.get("kind") == "train" and record.get("preempted") and None not in (run.get("updates"), record.get("updates")) \
+            and run["updates"] != record["updates"]:
+        found.append(f"a preempted run stopped at its checkpoint's update {run['updates']}, not {record['updates']}")
     if "settings" in record:
         found.append("settings: the config block is named config")
     if run.get("device") == "cpu" and set(GPU_ONLY_TRAIN_KEYS) & set((record.get("config") or {}).get("train") or {}):
@@ -184,7 +187,8 @@ def derived_run(record, records_file):
 
 def migrate(record, records_file):
     """``record`` in the schema: ``settings`` renamed ``config``, ``run`` derived where it has none, the
-    launcher's loose ``device`` field folded into it. A record already in the schema comes back unchanged."""
+    launcher's loose ``device`` field folded into it, a preempted run's updates its checkpoint's. A record already in
+    the schema comes back unchanged."""
     record = dict(record)
     if "settings" in record:
         record["config"] = record.pop("settings")
@@ -192,6 +196,8 @@ def migrate(record, records_file):
         record["run"] = derived_run(record, records_file)
     if "config" in record:
         record["config"] = as_given(record["config"], record["run"].get("device"))
+    if record.get("kind") == "train" and record.get("preempted") and record["run"].get("updates") is not None:
+        record["updates"] = record["run"]["updates"]  # launchers before 2026-12-07 gave the last logged update
     if "device" in record:
         if record.get("kind") == "eval" and record.get("device") is not None:
             record["eval_device"] = "cpu" if record["device"] == "cpu" else "cuda"

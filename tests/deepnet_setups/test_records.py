@@ -61,6 +61,17 @@ def test_a_record_that_misstates_its_run_is_named():
     assert records.problems({"arch": "deepnet"}) == ["no run block"]
 
 
+def test_a_preempted_run_states_the_update_it_was_saved_at(tmp_path):
+    """Launchers before 2026-12-07 gave a preempted run the last logged update (300) beside its checkpoint's (323)."""
+    run = {**{key: None for key in records.RUN_KEYS if key != "init"}, "device": "cpu", "updates": 323}
+    record = {"kind": "train", "arch": "preln", "preempted": True, "updates": 300, "run": run}
+    assert records.problems(record) == ["a preempted run stopped at its checkpoint's update 323, not 300"]
+    migrated = records.migrate(record, tmp_path / "results.jsonl")
+    assert migrated["updates"] == 323 and records.problems(migrated) == []
+    finished = {**record, "preempted": False, "diverged": True}  # a diverged run got as far as its log says
+    assert records.migrate(finished, tmp_path / "results.jsonl")["updates"] == 300
+
+
 def test_the_check_command_fails_on_a_bad_file(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({"arch": "preln", "run_dir": "runs/preln/6L-6L", "settings": {}}) + "\n")
