@@ -235,15 +235,6 @@ def device_of(on_gpu, precision):
     return "cuda", torch.cuda.get_device_name(0), precision
 
 
-def recorded_updates(logged, saved, preempted):
-    """A train record's update count: where a preempted run's checkpoint was saved (where it stopped: the last logged
-    update is up to a log interval older), else the last logged one, else the checkpoint's (a run with nothing left
-    to train logs none)."""
-    if preempted and saved is not None:
-        return saved
-    return logged if logged is not None else saved
-
-
 def requeue_if_preempted(returncode, log_stats, env, node_rank=0, updates=None):
     """Status 75 (or torchrun's failure after fairseq's preemption line): requeue under SLURM (node 0's
     launcher). Returns the launcher's exit status, or None if the run was not preempted."""
@@ -359,7 +350,7 @@ def main(argv=None):
                   "config": config_block(cfg, opts.arch, "cpu" if opts.cpu else "cuda"), "resumed_from": resumed_from}
         facts = run_facts(folder, cfg, opts.arch, layers, stats["updates"])
         # a run with nothing left to train logs no losses: its checkpoint says where it stands
-        record["updates"] = recorded_updates(record["updates"], facts.get("updates"), log_stats.preempted)
+        record["updates"] = records.recorded_updates(record["updates"], facts.get("updates"), log_stats.preempted)
         if record["valid_loss"] is None:
             record["valid_loss"] = facts.get("valid_loss")
         device, gpu, facts["precision"] = device_of(not opts.cpu, facts.get("precision") or cfg["train"]["precision"])

@@ -83,6 +83,15 @@ def run_block(arch, facts, device, gpu, command):
     return block
 
 
+def recorded_updates(logged, saved, preempted):
+    """A train record's update count: where a preempted run's checkpoint was saved (where it stopped: the last logged
+    update is up to a log interval older), else the last logged one, else the checkpoint's (a run with nothing left
+    to train logs none)."""
+    if preempted and saved is not None:
+        return saved
+    return logged if logged is not None else saved
+
+
 def problems(record):
     """What is wrong with ``record`` against the schema (an empty list: nothing); None values are allowed."""
     run = record.get("run")
@@ -196,8 +205,8 @@ def migrate(record, records_file):
         record["run"] = derived_run(record, records_file)
     if "config" in record:
         record["config"] = as_given(record["config"], record["run"].get("device"))
-    if record.get("kind") == "train" and record.get("preempted") and record["run"].get("updates") is not None:
-        record["updates"] = record["run"]["updates"]  # launchers before 2026-12-07 gave the last logged update
+    if record.get("kind") == "train" and record.get("preempted"):  # launchers before 2026-12-07: the last logged one
+        record["updates"] = recorded_updates(record.get("updates"), record["run"].get("updates"), preempted=True)
     if "device" in record:
         if record.get("kind") == "eval" and record.get("device") is not None:
             record["eval_device"] = "cpu" if record["device"] == "cpu" else "cuda"

@@ -86,15 +86,14 @@ def tables(records):
     out = {}
     tabled = [r for r in records if r.get("encoder_layers") is not None and r.get("arch") is not None]
     pools = {setup: [pool_key(r) for r in tabled if r["setup"] == setup] for setup in {r["setup"] for r in tabled}}
-    row = {id(r): (r["setup"], labelled(model_name(r), pool_key(r), pools[r["setup"]])) for r in tabled}
+    rows = [(r, labelled(model_name(r), pool_key(r), pools[r["setup"]]), (r.get("run") or {}).get("lr")) for r in tabled]
     rates = {}
-    for r in tabled:
-        rates.setdefault(row[id(r)], set()).add((r.get("run") or {}).get("lr"))
-    for r in tabled:
+    for r, name, lr in rows:
+        rates.setdefault((r["setup"], name), set()).add(lr)
+    for r, name, lr in rows:
         setup = out.setdefault(r["setup"], {"cells": {}, "signatures": set()})
-        name = row[id(r)][1]
-        if len(rates[row[id(r)]] - {None}) > 1 and (r.get("run") or {}).get("lr") is not None:
-            name = with_rate(name, r["run"]["lr"])
+        if lr is not None and len(rates[r["setup"], name] - {None}) > 1:
+            name = with_rate(name, lr)
         cell = setup["cells"].setdefault(name, {})
         key = depth(r)
         if r["kind"] == "train" and r.get("diverged"):

@@ -10,7 +10,7 @@ import time
 
 from conftest import ROOT
 
-from deepnet_setups import launch, runner
+from deepnet_setups import records, runner
 
 # a stand-in for fairseq-train: 5 per-update json lines (far below any write buffer), then a long update
 FAKE_TRAIN = textwrap.dedent("""
@@ -62,10 +62,10 @@ def test_run_record_is_read_line_by_line():
 
 def test_a_preempted_record_states_the_update_its_checkpoint_was_saved_at():
     # stopped at 323 with the log at every 100: the record said 300 while its run block (the checkpoint's) said 323
-    assert launch.recorded_updates(300, 323, preempted=True) == 323
-    assert launch.recorded_updates(1500, 1500, preempted=False) == 1500
-    assert launch.recorded_updates(None, 1500, preempted=False) == 1500  # rerun with nothing left to train
-    assert launch.recorded_updates(3, None, preempted=True) == 3  # no checkpoint: the log is all there is
+    assert records.recorded_updates(300, 323, preempted=True) == 323
+    assert records.recorded_updates(1500, 1500, preempted=False) == 1500
+    assert records.recorded_updates(None, 1500, preempted=False) == 1500  # rerun with nothing left to train
+    assert records.recorded_updates(3, None, preempted=True) == 3  # no checkpoint: the log is all there is
 
 
 # SLURM stand-ins: srun's tasks behave as fairseq-train with the plugin on SIGUSR1 (log the preemption line,
