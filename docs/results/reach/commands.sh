@@ -7,7 +7,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-dir DIR]
+Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--methods LIST] [--runs DIR] [--raw-dir DIR]
 
   LANE      deep    d64 (FFN 256, 4 heads, 2,000 tokens), warm-up 100, source init: 500L-500L at lr 1e-3, 2e-3
                     and 5e-4 to 300 updates (the probe); at the rate with the lowest valid loss, 100L-100L and 50L-50L
@@ -26,6 +26,8 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--runs DIR] [--raw-d
             tables  copy the records here and write the report, the width table and its plot (and Fig. 5, where
                     the fig5 lane ran)
   --widths  the width lane's widths, in order (default 128,256,64)
+  --methods the width lane's methods, of source, preln, paper (default: all three), e.g. one a lane to share a
+            width's runs between two lanes
   --runs    run folders, prepared data and records (default: /work/runs)
   --raw-dir raw Multi30k de-en (default: ../shared/data/multi30k_de_en)
 The probe's rates are the stability map's two best for the source init at its deepest row (50L-50L, 200 updates:
@@ -35,18 +37,23 @@ USAGE
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane="" widths=128,256,64
+runs=/work/runs raw=$root/../shared/data/multi30k_de_en lane="" widths=128,256,64 methods=source,preln,paper
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --raw-dir) raw=$2; shift 2 ;;
     --widths) widths=$2; shift 2 ;;
+    --methods) methods=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     deep|width|fig5|prepare|tables) lane=$1; shift ;;
     *) echo "commands.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$lane" ] || { usage >&2; exit 2; }
+for method in ${methods//,/ }; do
+  case "$method" in source|preln|paper) ;;
+    *) echo "commands.sh: --methods: unknown method '$method' (of source, preln, paper)" >&2; exit 2 ;; esac
+done
 records=$runs/reach/results.jsonl committed=$here/results.jsonl tag=reach
 source "$root/scripts/lib/multi30k_study.sh"
 if [ "$lane" = fig5 ]; then
@@ -151,7 +158,7 @@ case "$lane" in
     deep_stage postln 500,500 200 train.flush_denormal=true
     deep_1000 ;;
   width)
-    variants=(source preln paper)
+    read -ra variants <<< "${methods//,/ }"
     for width in ${widths//,/ }; do
       planned=()  # each variant's rates at this width, as a space-separated list
       for variant in "${variants[@]}"; do
