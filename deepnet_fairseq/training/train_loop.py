@@ -170,6 +170,13 @@ def start_of_training(load_checkpoint):
                                                                                               "guard", False):
             raise ValueError("--divergence-rollback/--divergence-loss-spike/--divergence-fp16-fallback need "
                              "--criterion diagnostic_label_smoothed_cross_entropy --divergence-guard")
+        # before the load: resuming mid-epoch forks the DataLoader workers there, and a worker forked before the
+        # handler would die of a process-group signal, making the trainer raise instead of saving
+        signals = preemption.parse_signals(options.save_on_signals)
+        preemption.request.install(signals)
+        if signals:
+            logger.info(f"on {', '.join(s.name for s in signals)}: save checkpoint_last.pt at the end of the update "
+                        f"and exit with status {preemption.PREEMPTED_EXIT_STATUS} (--save-on-signals)")
         if trainer.data_parallel_rank == 0:  # rank 0 reads the checkpoint and broadcasts it (fairseq's default)
             if not cfg.no_save:  # the save dir is this trainer's alone; a run that writes nothing needs no lock
                 checkpoints.hold_save_dir(cfg.save_dir)
@@ -180,11 +187,6 @@ def start_of_training(load_checkpoint):
             logger.info(f"nothing to train: the checkpoint is at update {trainer.get_num_updates()}, "
                         f"--max-update is {max_update}")
             sys.exit(0)
-        signals = preemption.parse_signals(options.save_on_signals)
-        preemption.request.install(signals)
-        if signals:
-            logger.info(f"on {', '.join(s.name for s in signals)}: save checkpoint_last.pt at the end of the update "
-                        f"and exit with status {preemption.PREEMPTED_EXIT_STATUS} (--save-on-signals)")
         lost_rank.start(trainer.data_parallel_rank, trainer.data_parallel_world_size, options.lost_rank_timeout)
         if options.flush_denormal:
             if not torch.set_flush_denormal(True):

@@ -151,10 +151,11 @@ def two_processes(data, save_dir, user_dir, *extra):
 class Run:
     """fairseq-train processes (one per rank), each logging to <name>_<rank>.log."""
 
-    def __init__(self, folder, name, cmds, **env):
+    def __init__(self, folder, name, cmds, new_session=False, **env):
         self.logs = [folder / f"{name}_{rank}.log" for rank in range(len(cmds))]
         self.procs = [subprocess.Popen([str(c) for c in cmd], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                       env=train_env(**env)) for cmd, log in zip(cmds, self.logs)]
+                                       env=train_env(**env), start_new_session=new_session)
+                      for cmd, log in zip(cmds, self.logs)]
 
     def text(self, rank=0):
         return self.logs[rank].read_text()
@@ -259,6 +260,57 @@ def test_one_process_preempted_then_disk_full_loses_nothing(multi30k_small_bin, 
     assert_as_uninterrupted(done.text(), reference, (interval if copied else stopped) + 1, MAX_UPDATE)
     assert not copied or f"{copied[0]} is newer than {last}" in done.text()
     assert_same_parameters(last, reference)
+
+
+@pytest.mark.slow  # ~20 s of two interrupted runs
+def test_a_run_resumed_mid_epoch_saves_on_a_process_group_signal(multi30k_small_bin, fault_shim, reference, tmp_path):
+    # A resume mid-epoch without a data buffer forks the DataLoader worker inside fairseq's load_checkpoint: it
+    # must already leave the signal to the trainer (`kill -TERM -- -PGID` of a lane, or SLURM's, signals both).
+    save = tmp_path / "save"
+    run = Run(tmp_path, "first", [one_process(multi30k_small_bin, save, fault_shim)])
+    run.wait_for_update(3)
+    run.procs[0].send_signal(signal.SIGUSR1)
+    assert run.wait() == [PREEMPTED_EXIT_STATUS], run.text()[-3000:]
+    first = assert_as_uninterrupted(run.text(), reference, 1)
+    assert first % 8, "the first run must stop mid-epoch (8 updates an epoch)"
+
+    # no buffer, as fairseq's multilingual task builds its iterator: the resume then starts the worker
+    unbuffered = ("--num-workers", "1", "--data-buffer-size", "0")
+    run = Run(tmp_path, "group", [one_process(multi30k_small_bin, save, fault_shim, *unbuffered)], new_session=True)
+    run.wait_for_update(first + 2)
+    os.killpg(run.procs[0].pid, signal.SIGTERM)  # the trainer and its worker
+    assert run.wait() == [PREEMPTED_EXIT_STATUS], run.text()[-3000:]
+    second = assert_as_uninterrupted(run.text(), reference, first + 1)
+    assert f"SIGTERM received: all 1 ranks stop after update {second}" in preempted_line(run.text())
+    assert updates_in(save / "checkpoint_last.pt") == second
+
+
+def test_the_signal_handler_is_installed_before_the_checkpoint_loads(tmp_path):
+    # the unit-level half of the test above, for make test: fairseq's load_checkpoint may fork DataLoader workers
+    from types import SimpleNamespace
+
+    from deepnet_fairseq.training import preemption, train_loop
+
+    class Loaded(Exception):
+        pass
+
+    handlers = []
+
+    def load_checkpoint(cfg, trainer):
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        raise Loaded
+
+    trainer = SimpleNamespace(cfg=SimpleNamespace(task=None, criterion=None), criterion=None, data_parallel_rank=0)
+    cfg = SimpleNamespace(no_save=True, save_dir=str(tmp_path), checkpoint_suffix="", restore_file="checkpoint_last.pt")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with pytest.raises(Loaded):
+            train_loop.start_of_training(load_checkpoint)(cfg, trainer)
+    finally:  # this pytest process keeps its own handlers, and children it forks later their signals
+        preemption.request.signals = []
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert handlers == [preemption.request._handle]
 
 
 @pytest.mark.slow  # six two-process runs (~100 s); the one-process faults above stay in make test
