@@ -314,8 +314,10 @@ def write_failed(path, err, needed):
     elif code == errno.ENOENT:  # our temp file was renamed or removed under us
         advice = (f"a file vanished while it was written: another process is writing to {folder} or deleted it "
                   "(one trainer per --save-dir); stop it and rerun to resume")
-    else:
+    elif cause is not None:
         advice = f"{kept}; rerun to resume once {folder} can be written again"
+    else:  # not the disk: e.g. a DataLoader worker's death raised by torch's SIGCHLD handler during the save
+        advice = f"{kept}; the error is not the disk's; rerun to resume"
     return CheckpointWriteError(f"could not write checkpoint {path} ({reason}); {advice}")
 
 

@@ -471,6 +471,17 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file_and_leaves_no_partial
     assert last.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_save_interrupted_by_an_error_without_an_oserror_is_not_blamed_on_the_disk(tmp_path):
+    from deepnet_fairseq.training.checkpoints import write_failed
+
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    err = RuntimeError("DataLoader worker (pid 7) is killed by signal: Terminated. ")  # torch's SIGCHLD handler
+    assert str(write_failed(str(tmp_path / "checkpoint_1_6.pt"), err, 0)) == (
+        f"could not write checkpoint {tmp_path}/checkpoint_1_6.pt (RuntimeError: DataLoader worker (pid 7) is killed "
+        f"by signal: Terminated. ); {tmp_path}/checkpoint_last.pt is unchanged; the error is not the disk's; "
+        "rerun to resume")
+
+
 def test_a_checkpoint_file_that_vanishes_while_written_is_not_blamed_on_the_disk(tmp_path, monkeypatch):
     """Another process in the same folder renames our .tmp away (ENOENT): the advice names that, not free space."""
     from fairseq import checkpoint_utils
