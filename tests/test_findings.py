@@ -578,16 +578,21 @@ def test_readme_numbers_are_the_records():
     tags = {(row["model"], row["updates"]): row
             for row in zero_shot_study.summarise(jsonl(f"{ZERO_SHOT_TAGS}/remedy/results.jsonl"))}
     default, plain = tags["DeepNet, source init", 1500], tags["DeepNet, source init, t-enc-t-dec", 1500]
-    drop = tags["DeepNet, source init, t-enc-t-dec, residual drop 3", 1500]
-    assert (default["seeds"], plain["seeds"], drop["seeds"]) == ("1", "1,2,3", "1,2,3")
+    assert (default["seeds"], plain["seeds"]) == ("1", "1,2,3")
     claim(f"answers in the asked language {plain['zero-shot on-target'][0]:.1f} % of the time (fairseq's tags, seed 1: "
           f"{default['zero-shot on-target'][0]:.1f} %), but with {plain['zero-shot / pivot'][0]:.2f} of the BLEU")
-    claim(f"gives {drop['zero-shot on-target'][0]:.1f} % and {drop['zero-shot / pivot'][0]:.2f} for "
-          f"{plain['supervised bleu'][0] - drop['supervised bleu'][0]:.1f} supervised BLEU")
     robt = tags["DeepNet, source init, t-enc-t-dec, ROBT", 1500]
     assert robt["seeds"] == plain["seeds"]  # the supervised cost is against the same seeds without a remedy
-    claim(f"back-translating online {robt['zero-shot on-target'][0]:.1f} % and {robt['zero-shot / pivot'][0]:.2f} "
-          f"for {plain['supervised bleu'][0] - robt['supervised bleu'][0]:.1f}")
+    claim(f"back-translating online gives {robt['zero-shot on-target'][0]:.1f} % and {robt['zero-shot / pivot'][0]:.2f} "
+          f"for {plain['supervised bleu'][0] - robt['supervised bleu'][0]:.1f} supervised BLEU")
+    crossconst = {row["model"]: row for row in zero_shot_study.summarise(jsonl(f"{ZERO_SHOT_TAGS}/crossconst/results.jsonl"))
+                  if row["updates"] == 1500}["DeepNet, source init, t-enc-t-dec, CrossConST 0.1"]
+    assert crossconst["seeds"] == plain["seeds"]
+    claim(f"CrossConST (weight 0.1, from scratch) {crossconst['zero-shot on-target'][0]:.1f} % and "
+          f"{crossconst['zero-shot / pivot'][0]:.2f} for "
+          f"{plain['supervised bleu'][0] - crossconst['supervised bleu'][0]:.2f}, short of "
+          f"{zero_shot_study.GOAL_OVER_PIVOT:g} for at most {zero_shot_study.GOAL_SUPERVISED_COST:g}")
+    assert crossconst["zero-shot / pivot"][0] < zero_shot_study.GOAL_OVER_PIVOT  # "short of"
     from deepnet_experiments import figures
 
     fig5 = figures.read_fig5(ROOT / "docs/figures/fig5_update_norm.csv")
