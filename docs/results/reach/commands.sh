@@ -17,7 +17,8 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--methods LIST] [--r
                     A 500L-500L run takes ~15 GB: no second one beside it
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), and 4e-3 where 2e-3 is the best of the three; then at d256 (FFN 1,024)
-                    each method's best d128 rate and the next lower one, then d64 at 5e-4, 1e-3 and 4e-3 (its
+                    each method's best d128 rate and the next lower one (and one step lower still where both
+                    stalled on the unigram plateau, BLEU below 1), then d64 at 5e-4, 1e-3 and 4e-3 (its
                     2e-3 is the small Table 1's seed 1; the source init's 4e-3 and Pre-LN's 8e-3 the schemes
                     table's runs)
             fig5    DeepNet Fig. 5 at 250L-250L and 500L-500L (64-128-2, lr 5e-4, warm-up 4,000, 50 updates): Post-LN,
@@ -90,6 +91,20 @@ bleu = {r["run_dir"]: r["bleu"] for r in read_records([records]) if r.get("kind"
         and r["run_dir"].startswith(prefix + "/") and r["run_dir"].split("/")[-3] == variant}
 best = max(bleu, key=bleu.get, default="")
 print(best.split("/")[-4].removeprefix("lr") if best else "")
+PY
+}
+# the rate one step below the lowest VARIANT ran at width W where every rate it ran there stalled (BLEU below 1: the
+# unigram plateau), else ""
+STALLED_BLEU=1
+below_stalled() {
+  "$py" - "$records" "$runs/reach/width/d$2" "$1" "$STALLED_BLEU" <<'PY'
+import sys
+from deepnet_setups.report import read_records
+records, prefix, variant, stalled = sys.argv[1:]
+bleu = {float(r["run_dir"].split("/")[-4].removeprefix("lr")): r["bleu"] for r in read_records([records])
+        if r.get("kind") == "eval" and r["run_dir"].startswith(prefix + "/") and r["run_dir"].split("/")[-3] == variant}
+mantissa, exponent = f"{min(bleu or [0]) / 2:e}".split("e")  # the folders' spelling: 5e-4, 2.5e-4
+print(f"{float(mantissa):g}e{int(exponent)}" if bleu and max(bleu.values()) < float(stalled) else "")
 PY
 }
 width_stage() {  # width_stage WIDTH RATE VARIANT
@@ -185,6 +200,13 @@ case "$lane" in
       for variant in "${variants[@]}"; do
         if [ "$width" = 128 ] && [ "$(best_rate "$variant" 128)" = 2e-3 ]; then width_stage 128 4e-3 "$variant"; fi
       done
+      # wider, a method that stalled at every rate it ran (the GPU's d256 DeepNet at 2e-3): one step lower
+      if [ "$width" -ge 256 ]; then
+        for variant in "${variants[@]}"; do
+          lower=$(below_stalled "$variant" "$width")
+          if [ -n "$lower" ]; then width_stage "$width" "$lower" "$variant"; fi
+        done
+      fi
     done ;;
 esac
 say "lane $lane done: records in $records"
