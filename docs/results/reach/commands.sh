@@ -17,8 +17,8 @@ Usage: docs/results/reach/commands.sh LANE [--widths LIST] [--methods LIST] [--r
                     A 500L-500L run takes ~15 GB: no second one beside it
             width   18L-18L, warm-up 100, 1,500 updates: Pre-LN, paper init and source init at lr 5e-4, 1e-3, 2e-3
                     at d128 (FFN 512), and 4e-3 where 2e-3 is the best of the three; then at d256 (FFN 1,024)
-                    each method's best d128 rate and the next lower one (and one step lower still where both
-                    stalled on the unigram plateau, BLEU below 1), then d64 at 5e-4, 1e-3 and 4e-3 (its
+                    each method's best d128 rate and the next lower one (and one step lower where every rate it
+                    ran there stalled on the unigram plateau, BLEU below 1), then d64 at 5e-4, 1e-3 and 4e-3 (its
                     2e-3 is the small Table 1's seed 1; the source init's 4e-3 and Pre-LN's 8e-3 the schemes
                     table's runs)
             fig5    DeepNet Fig. 5 at 250L-250L and 500L-500L (64-128-2, lr 5e-4, warm-up 4,000, 50 updates): Post-LN,
