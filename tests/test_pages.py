@@ -755,12 +755,8 @@ def test_the_setups_crossconst_cost_is_the_benchmarks():
 def test_the_setups_crossconst_verdict_is_the_records():
     from deepnet_experiments import zero_shot_study as study
 
-    def rows(phase):
-        records = [json.loads(line) for line in (ROOT / TAGS / phase / "results.jsonl").read_text().splitlines()]
-        return {(r["model"], r["updates"]): r for r in study.summarise(records)}
-
-    plain = rows("remedy")["DeepNet, source init, t-enc-t-dec", 1500]
-    remedy = rows("crossconst")["DeepNet, source init, t-enc-t-dec, CrossConST 0.1", 1500]
+    plain = zero_shot_rows(f"{TAGS}/remedy/results.jsonl")[f"deepnet_source_{TAGGED}", 1500]
+    remedy = zero_shot_rows(f"{TAGS}/crossconst/results.jsonl")[f"deepnet_source_{TAGGED}_cc0.1", 1500]
     assert plain["seeds"] == remedy["seeds"] == "1,2,3"
     cost = plain["supervised bleu"][0] - remedy["supervised bleu"][0]
     over_pivot = remedy["zero-shot / pivot"][0]

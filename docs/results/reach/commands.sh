@@ -81,32 +81,26 @@ prepare_multi30k
 rates=(5e-4 1e-3 2e-3)
 # width -> FFN: four times the width, as at d64
 ffn() { echo $(($1 * 4)); }
-# the rate with the best test BLEU of VARIANT at width W in the records ("" if none)
-best_rate() {
-  "$py" - "$records" "$runs/reach/width/d$2" "$1" <<'PY'
-import sys
-from deepnet_setups.report import read_records
-records, prefix, variant = sys.argv[1:]
-bleu = {r["run_dir"]: r["bleu"] for r in read_records([records]) if r.get("kind") == "eval"
-        and r["run_dir"].startswith(prefix + "/") and r["run_dir"].split("/")[-3] == variant}
-best = max(bleu, key=bleu.get, default="")
-print(best.split("/")[-4].removeprefix("lr") if best else "")
-PY
-}
-# the rate one step below the lowest VARIANT ran at width W where every rate it ran there stalled (BLEU below 1: the
-# unigram plateau), else ""
+# width_rates VARIANT W: from the records' test BLEU of VARIANT at width W, two words ("-" for none): the best rate,
+# and the rate one step below the lowest it ran where every rate it ran there stalled (BLEU below STALLED_BLEU: the
+# unigram plateau)
 STALLED_BLEU=1
-below_stalled() {
+width_rates() {
   "$py" - "$records" "$runs/reach/width/d$2" "$1" "$STALLED_BLEU" <<'PY'
 import sys
 from deepnet_setups.report import read_records
 records, prefix, variant, stalled = sys.argv[1:]
-bleu = {float(r["run_dir"].split("/")[-4].removeprefix("lr")): r["bleu"] for r in read_records([records])
+bleu = {r["run_dir"].split("/")[-4].removeprefix("lr"): r["bleu"] for r in read_records([records])
         if r.get("kind") == "eval" and r["run_dir"].startswith(prefix + "/") and r["run_dir"].split("/")[-3] == variant}
-mantissa, exponent = f"{min(bleu or [0]) / 2:e}".split("e")  # the folders' spelling: 5e-4, 2.5e-4
-print(f"{float(mantissa):g}e{int(exponent)}" if bleu and max(bleu.values()) < float(stalled) else "")
+lower = "-"
+if bleu and max(bleu.values()) < float(stalled):
+    mantissa, exponent = f"{min(map(float, bleu)) / 2:e}".split("e")  # the folders' spelling: 5e-4, 2.5e-4
+    lower = f"{float(mantissa):g}e{int(exponent)}"
+print(max(bleu, key=bleu.get, default="-"), lower)
 PY
 }
+best_rate() { local best _; read -r best _ <<< "$(width_rates "$@")"; [ "$best" = - ] || echo "$best"; }
+below_stalled() { local _ lower; read -r _ lower <<< "$(width_rates "$@")"; [ "$lower" = - ] || echo "$lower"; }
 width_stage() {  # width_stage WIDTH RATE VARIANT
   stage "reach/width/d$1/lr$2" "$3" 1 18,18 1500 "model.embed_dim=$1" "model.ffn_dim=$(ffn "$1")" \
     "train.lr=$2" train.warmup_updates=100
