@@ -7,10 +7,11 @@ settings, which fill its cells for the methods the width lane trains: the scheme
 best map rate) and the small Table 1's seed-1 records (d64, lr 2e-3), whose run block does not give their width, lr
 and warm-up: the table fills those from what that study ran (``TABLE_RUN``) and marks them ``*``. Writes into DIR:
   width.md / width.csv   18L-18L, 1,500 updates, warm-up 100: BLEU and valid loss per width, method and lr, with
-                         each method's best rate at each width (by BLEU) and the width's best cell
-  width.png              BLEU at each method's best rate against width
-  which.md               per width: each method at its best rate, its BLEU below the width's best cell, the rates
-                         it ran (docs/setups.md's "Which to use" shows it)
+                         each method's best rate at each width (by BLEU) and the width's best cell; a run below
+                         STALLED_BLEU stayed on the unigram plateau and is neither
+  width.png              BLEU at each method's best rate against width (x: a method that stalled at every rate)
+  which.md               per width: each method at its best rate (or "none: stalled"), its BLEU below the width's
+                         best cell, the rates it ran (docs/setups.md's "Which to use" shows it)
   deep.md / deep.csv     the deep lane: BLEU, valid loss, s/update and peak memory per depth, method and updates
 """
 
@@ -26,8 +27,10 @@ from deepnet_setups import report
 from . import seeds_table
 
 WIDTH_RUNS = "/reach/"  # the study's run folders (CPU and GPU): the methods it trains are the width table's
+STALLED_BLEU = 1.0  # test BLEU below it: the run stayed on the unigram plateau (no best rate; the lane tries lower)
 TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # docs/results/multi30k_table/README.md
-WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "run_dir"]
+WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "stalled",
+                "run_dir"]
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "processes", "peak_rss_mib",
                "run_dir"]
 COSTS = ("s_per_update", "peak_rss_mib", "processes")  # what train_costs gives per stage
@@ -72,25 +75,30 @@ def width_rows(records):
              "s_per_update": (costs.get((run["run_dir"], run["updates"])) or (None,))[0], "recorded": run["recorded"],
              "run_dir": run["run_dir"]} for (width, device, precision, method, lr), run in latest.items()]
     for row in rows:
-        same = [r for r in rows if (r["width"], r["device"], r["precision"]) == (row["width"], row["device"], row["precision"])]
-        row["best_rate"] = row["bleu"] == max(r["bleu"] for r in same if r["method"] == row["method"])
-        row["best_of_width"] = row["bleu"] == max(r["bleu"] for r in same)
+        row["stalled"] = row["bleu"] < STALLED_BLEU
+    for row in rows:
+        trained = [r for r in rows if not r["stalled"]
+                   and (r["width"], r["device"], r["precision"]) == (row["width"], row["device"], row["precision"])]
+        row["best_rate"] = not row["stalled"] and row["bleu"] == max(r["bleu"] for r in trained if r["method"] == row["method"])
+        row["best_of_width"] = not row["stalled"] and row["bleu"] == max(r["bleu"] for r in trained)
     return sorted(rows, key=lambda r: (r["device"], r["width"], deepnet_methods.order(r["method"]), r["lr"]))
 
 
 def which_markdown(rows):
     """Per width (device, precision): each method at its best rate, sorted best first, and how far below the width's
-    best cell it is."""
+    best cell it is; a method that stalled at every rate it ran last, at its highest BLEU, with no best rate."""
     header = ["width", "run on", "method", "best rate", "BLEU", "below the best", "rates run"]
     body = []
     for width, device, precision in dict.fromkeys((r["width"], r["device"], r["precision"]) for r in rows):
         same = [r for r in rows if (r["width"], r["device"], r["precision"]) == (width, device, precision)]
-        top = max(r["bleu"] for r in same)
-        for best in sorted((r for r in same if r["best_rate"]), key=lambda r: -r["bleu"]):
-            rates = sorted(r["lr"] for r in same if r["method"] == best["method"])
-            body.append([f"d{width}", f"{device}, {precision}", deepnet_methods.label(best["method"], init_named=True),
-                         f"{best['lr']:g}",
-                         cell(best["bleu"], 2), cell(top - best["bleu"], 2), ", ".join(f"{lr:g}" for lr in rates)])
+        top = max((r["bleu"] for r in same if r["best_of_width"]), default=None)
+        methods = {r["method"] for r in same}
+        best = {m: max((r for r in same if r["method"] == m), key=lambda r: (r["best_rate"], r["bleu"])) for m in methods}
+        for row in sorted(best.values(), key=lambda r: (not r["best_rate"], -r["bleu"])):
+            rates = sorted(r["lr"] for r in same if r["method"] == row["method"])
+            body.append([f"d{width}", f"{device}, {precision}", deepnet_methods.label(row["method"], init_named=True),
+                         f"{row['lr']:g}" if row["best_rate"] else "none: stalled", cell(row["bleu"], 2),
+                         cell(None if top is None else top - row["bleu"], 2), ", ".join(f"{lr:g}" for lr in rates)])
     return report.markdown(header, body)
 
 
@@ -141,7 +149,7 @@ def width_plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
     for method in sorted({r["method"] for r in rows}, key=deepnet_methods.order):
         for device, style in (("cpu", "-"), ("cuda", "--")):
             best = sorted((r["width"], r["bleu"], r["lr"]) for r in rows
@@ -151,6 +159,10 @@ def width_plot(rows, path):
                         label=f"{deepnet_methods.label(method)} ({device})")
             for width, bleu, lr in best:
                 ax.annotate(f"{lr:g}", (width, bleu), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            stalled = {r["width"] for r in rows if r["method"] == method and r["device"] == device} - {w for w, _, _ in best}
+            if stalled:  # every rate it ran there stayed on the plateau: an x at 0 in the method's colour
+                ax.plot(sorted(stalled), [0] * len(stalled), "x", color=ax.lines[-1].get_color() if best else None,
+                        label=f"{deepnet_methods.label(method)} ({device}): stalled at every rate run")
     widths = sorted({r["width"] for r in rows})
     ax.set_xscale("log")
     ax.set_xticks(widths, [f"d{w}" for w in widths])
@@ -187,7 +199,8 @@ def main(argv=None):
         return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    note = "\n\nBold: the best cell of its width. `*`: width, lr and warm-up from what the small Table 1 ran.\n"
+    note = ("\n\nBold: the best cell of its width. `*`: width, lr and warm-up from what the small Table 1 ran. "
+            f"BLEU below {STALLED_BLEU:g}: stalled on the unigram plateau, never a best rate or cell.\n")
     report.write_atomic(out / "width.md", width_markdown(widths) + note)
     write_csv(out / "width.csv", WIDTH_FIELDS, widths)
     report.write_atomic(out / "which.md", which_markdown(widths) + "\n\nA method with fewer rates run than the "

@@ -594,6 +594,10 @@ def claims_reach(claim):
     cell = {(r["width"], r["method"], r["lr"]): r["bleu"] for r in width}
     assert best[128, "deepnet_source"]["lr"] == 2e-3
     claim(f"(d128 at 4e-3: BLEU {cell[128, 'deepnet_source', 4e-3]:.2f}) where Pre-LN keeps {cell[128, 'preln', 4e-3]:.2f}")
+    d256 = one([r for r in width if (r["width"], r["method"], r["lr"]) == (256, "deepnet_source", 2e-3)], "d256 2e-3")
+    assert d256["stalled"] and best[128, "deepnet_source"]["lr"] == d256["lr"]  # "its best d128 rate"
+    claim(f"At d256 it stays on the unigram plateau at 2e-3, its best d128 rate (BLEU {d256['bleu']:.2f}, valid loss "
+          f"{d256['valid_loss']:.3f})")
 
 
 def claims_schemes(claim):
@@ -799,3 +803,18 @@ def test_the_setups_crossconst_verdict_is_the_records():
             f"{both['zero-shot bleu'][0] - remedy['zero-shot bleu'][0]:.2f} zero-shot BLEU to CrossConST alone: the ratio "
             f"rises because pivot BLEU falls") in text
     assert both["pivot bleu"][0] < remedy["pivot bleu"][0]
+
+
+def test_the_setups_d256_advice_is_the_records():
+    from deepnet_experiments import reach_tables
+
+    records = [r for path in ("reach/results.jsonl", "schemes/results.jsonl", "multi30k_table/results.jsonl",
+                              "multi30k_table/results_source_init.jsonl") for r in jsonl(f"docs/results/{path}")]
+    width = reach_tables.width_rows(records)
+    source = {(r["width"], r["lr"]): r for r in width if r["method"] == "deepnet_source" and r["device"] == "cpu"}
+    best128 = one([lr for (w, lr), r in source.items() if w == 128 and r["best_rate"]], "d128 best rate")
+    d256 = source[256, best128]
+    assert d256["stalled"]
+    text = " ".join((ROOT / "docs/setups.md").read_text().split())
+    assert (f"at 18L-18L the source init stays on the unigram plateau at {best128:.0e}, its best d128 rate (BLEU "
+            f"{d256['bleu']:.2f}, valid loss {d256['valid_loss']:.3f})").replace("e-0", "e-") in text

@@ -30,7 +30,8 @@ def record(kind, variant, width, lr, updates, value, wall=None, layers=18, study
 def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
     records = [record("train", "source", 128, 0.0005, 1500, 4.9, wall=3000), record("eval", "source", 128, 0.0005, 1500, 30.0),
                record("eval", "source", 128, 0.002, 1500, 25.0), record("eval", "preln", 128, 0.001, 1500, 31.0),
-               record("eval", "paper", 128, 0.002, 1500, 3.0)]
+               record("eval", "paper", 128, 0.002, 1500, 3.0), record("eval", "paper", 128, 0.0005, 1500, 0.5),
+               record("eval", "source", 256, 0.002, 1500, 0.01)]  # below STALLED_BLEU: on the plateau
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert reach_tables.main([str(path), *map(str, TABLE), "--out", str(tmp_path / "out")]) == 0
@@ -38,6 +39,9 @@ def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
     assert rows["128", "deepnet_source", "0.0005"]["best_rate"] == "True" and rows["128", "deepnet_source", "0.002"]["best_rate"] == "False"
     assert rows["128", "deepnet_source", "0.0005"]["s_per_update"] == "2.0" and rows["128", "deepnet_source", "0.0005"]["valid_loss"] == "4.9"
     assert [key for key, r in rows.items() if r["best_of_width"] == "True" and key[0] == "128"] == [("128", "preln", "0.001")]
+    # a stalled run is never a best rate or cell, even where it is its method's or its width's only one
+    assert [key for key, r in rows.items() if r["stalled"] == "True"] == [("128", "deepnet", "0.0005"), ("256", "deepnet_source", "0.002")]
+    assert rows["256", "deepnet_source", "0.002"]["best_rate"] == rows["256", "deepnet_source", "0.002"]["best_of_width"] == "False"
     # d64 at 2e-3: the small Table 1's seed 1 (source init 30.38 in the README's depth bullet is seeds 1-3; seed 1 here)
     d64 = {key[1]: r for key, r in rows.items() if key[0] == "64"}
     assert set(d64) == {"preln", "deepnet", "deepnet_source"} and {r["lr"] for r in d64.values()} == {"0.002"}
@@ -51,7 +55,8 @@ def test_best_rate_per_method_and_width_with_the_d64_table(tmp_path):
     which = [line for line in (tmp_path / "out/which.md").read_text().splitlines() if line.startswith("| d128 ")]
     assert which == ["| d128 | cpu, fp32 | Pre-LN | 0.001 | 31.00 | 0.00 | 0.001 |",
                      "| d128 | cpu, fp32 | DeepNet, source init | 0.0005 | 30.00 | 1.00 | 0.0005, 0.002 |",
-                     "| d128 | cpu, fp32 | DeepNet, paper init | 0.002 | 3.00 | 28.00 | 0.002 |"]
+                     "| d128 | cpu, fp32 | DeepNet, paper init | 0.002 | 3.00 | 28.00 | 0.0005, 0.002 |"]
+    assert "| d256 | cpu, fp32 | DeepNet, source init | none: stalled | 0.01 | - | 0.002 |" in (tmp_path / "out/which.md").read_text()
 
 
 def test_a_resumed_stage_is_charged_its_own_updates(tmp_path):

@@ -82,18 +82,18 @@ rates=(5e-4 1e-3 2e-3)
 # width -> FFN: four times the width, as at d64
 ffn() { echo $(($1 * 4)); }
 # width_rates VARIANT W: from the records' test BLEU of VARIANT at width W, two words ("-" for none): the best rate,
-# and the rate one step below the lowest it ran where every rate it ran there stalled (BLEU below STALLED_BLEU: the
-# unigram plateau)
-STALLED_BLEU=1
+# and the rate one step below the lowest it ran where every rate it ran there stalled (BLEU below the tables'
+# STALLED_BLEU: the unigram plateau)
 width_rates() {
-  "$py" - "$records" "$runs/reach/width/d$2" "$1" "$STALLED_BLEU" <<'PY'
+  "$py" - "$records" "$runs/reach/width/d$2" "$1" <<'PY'
 import sys
+from deepnet_experiments.reach_tables import STALLED_BLEU
 from deepnet_setups.report import read_records
-records, prefix, variant, stalled = sys.argv[1:]
+records, prefix, variant = sys.argv[1:]
 bleu = {r["run_dir"].split("/")[-4].removeprefix("lr"): r["bleu"] for r in read_records([records])
         if r.get("kind") == "eval" and r["run_dir"].startswith(prefix + "/") and r["run_dir"].split("/")[-3] == variant}
 lower = "-"
-if bleu and max(bleu.values()) < float(stalled):
+if bleu and max(bleu.values()) < STALLED_BLEU:
     mantissa, exponent = f"{min(map(float, bleu)) / 2:e}".split("e")  # the folders' spelling: 5e-4, 2.5e-4
     lower = f"{float(mantissa):g}e{int(exponent)}"
 print(max(bleu, key=bleu.get, default="-"), lower)
