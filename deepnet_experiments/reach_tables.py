@@ -29,8 +29,8 @@ from . import seeds_table
 WIDTH_RUNS = "/reach/"  # the study's run folders (CPU and GPU): the methods it trains are the width table's
 STALLED_BLEU = 1.0  # test BLEU below it: the run stayed on the unigram plateau (no best rate; the lane tries lower)
 TABLE_RUN = {"seed": 1, "lr": 0.002, "warmup_updates": 100, "width": 64}  # docs/results/multi30k_table/README.md
-WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate", "best_of_width", "stalled",
-                "run_dir"]
+WIDTH_FIELDS = ["width", "device", "precision", "method", "lr", "bleu", "valid_loss", "s_per_update", "best_rate",
+                "best_of_width", "stalled", "run_dir"]
 DEEP_FIELDS = ["depth", "method", "lr", "updates", "bleu", "valid_loss", "s_per_update", "processes", "peak_rss_mib",
                "run_dir"]
 COSTS = ("s_per_update", "peak_rss_mib", "processes")  # what train_costs gives per stage
