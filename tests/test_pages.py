@@ -278,6 +278,14 @@ def claims_source_init(claim):
     claim(f"at most {max(r['updates'] for r in fp16 + fp32 if r['kind'] == 'train')} updates")
 
 
+def reach_width_rows():
+    """reach_tables.width_rows over the reach records and the other studies' runs that fill its d64 cells."""
+    from deepnet_experiments import reach_tables
+
+    return reach_tables.width_rows([r for path in ("reach", "schemes", "multi30k_table") for r in jsonl(
+        f"docs/results/{path}/results.jsonl")] + jsonl("docs/results/multi30k_table/results_source_init.jsonl"))
+
+
 def zero_shot_rows(path, seeds=None):
     """{(run folder, updates): zero_shot_study.summarise's row} over the records of ``path`` (only ``seeds``)."""
     from deepnet_experiments import zero_shot_study as study
@@ -475,7 +483,8 @@ def claims_zero_shot_tags(claim):
     weights = [part.removeprefix("crossconst") for part in re.search(
         r"scratch=(\S+)", (ROOT / TAGS / "commands.sh").read_text())[1].split(",")]
     claim(f"the source init at weight {weights[0]}, {weights[1]} and {weights[2]}, from scratch")
-    seed1 = zero_shot_rows(f"{TAGS}/crossconst/results.jsonl", seeds={1})
+    by_seed = {k: zero_shot_rows(f"{TAGS}/crossconst/results.jsonl", seeds={k}) for k in (1, 2, 3)}
+    seed1 = by_seed[1]
 
     def cc(column, name=f"_cc{weights[0]}"):
         return value(seed1, folder("deepnet_source", TAGGED, name), column)
@@ -522,16 +531,14 @@ def claims_zero_shot_tags(claim):
           f"{c3('supervised bleu'):.2f} against {c3('supervised bleu', ''):.2f} without it")
     claim(f"{goal_ratio - c3('zero-shot / pivot'):.3f} short in zero-shot / pivot, "
           f"{c3('supervised bleu', '') - c3('supervised bleu'):.2f} below in supervised BLEU where {goal_cost} is allowed")
-    per_seed = {k: value(zero_shot_rows(f"{TAGS}/crossconst/results.jsonl", seeds={k}),
-                         folder("deepnet_source", TAGGED, recipe), "zero-shot / pivot") for k in (1, 2, 3)}
+    per_seed = {k: value(rows, folder("deepnet_source", TAGGED, recipe), "zero-shot / pivot") for k, rows in by_seed.items()}
     assert per_seed[1] == max(per_seed.values())  # "the best of the three"
     claim(f"the best of the three ({per_seed[1]:.3f}; seeds 2 and 3: {per_seed[2]:.3f} and {per_seed[3]:.3f})")
     # the recipe with ROBT over seeds 1-3, against the recipe alone and without a remedy
     both = f"_robt{recipe}"
     assert three[folder("deepnet_source", TAGGED, both), 1500]["seeds"] == "1,2,3"
     assert c3("zero-shot on-target", both) >= goal_on and c3("zero-shot / pivot", both) >= goal_ratio  # "meets ..."
-    both_per_seed = [value(zero_shot_rows(f"{TAGS}/crossconst/results.jsonl", seeds={k}),
-                           folder("deepnet_source", TAGGED, both), "zero-shot / pivot") for k in (1, 2, 3)]
+    both_per_seed = [value(by_seed[k], folder("deepnet_source", TAGGED, both), "zero-shot / pivot") for k in (1, 2, 3)]
     claim(f"With ROBT as well the source init puts {c3('zero-shot on-target', both):.1f} % of its zero-shot output in "
           f"the asked language at zero-shot BLEU {c3('zero-shot bleu', both):.2f}, {c3('zero-shot / pivot', both):.3f} of "
           f"its pivot BLEU (seeds 1-3: {both_per_seed[0]:.3f}, {both_per_seed[1]:.3f} and {both_per_seed[2]:.3f}), at "
@@ -542,6 +549,7 @@ def claims_zero_shot_tags(claim):
     assert gained["zero-shot bleu"] > 0 > gained["pivot bleu"] > gained["supervised bleu"]
     claim(f"Against CrossConST alone, ROBT adds {gained['zero-shot bleu']:.2f} zero-shot BLEU and takes "
           f"{-gained['pivot bleu']:.2f} pivot BLEU and {-gained['supervised bleu']:.2f} supervised BLEU")
+
     def pre(column, name):
         return value(three, folder("preln", TAGGED, name), column)
 
@@ -581,8 +589,7 @@ def claims_reach(claim):
     assert max(deepest["preln"]["bleu"], deepest["postln"]["bleu"]) < 0.1  # "neither translates"
     claim(f"BLEU {deepest['preln']['bleu']:.2f} and {deepest['postln']['bleu']:.2f} (valid loss "
           f"{deepest['preln']['valid_loss']:.3f} and {deepest['postln']['valid_loss']:.3f})")
-    others = ["schemes/results.jsonl", "multi30k_table/results.jsonl", "multi30k_table/results_source_init.jsonl"]
-    width = reach_tables.width_rows(records + [r for path in others for r in jsonl(f"docs/results/{path}")])
+    width = reach_width_rows()
     best = {(r["width"], r["method"]): r for r in width if r["best_rate"] and r["device"] == "cpu"}
     assert all(best[w, "deepnet_source"]["best_of_width"] for w in (64, 128))
 
@@ -807,12 +814,7 @@ def test_the_setups_crossconst_verdict_is_the_records():
 
 
 def test_the_setups_d256_advice_is_the_records():
-    from deepnet_experiments import reach_tables
-
-    records = [r for path in ("reach/results.jsonl", "schemes/results.jsonl", "multi30k_table/results.jsonl",
-                              "multi30k_table/results_source_init.jsonl") for r in jsonl(f"docs/results/{path}")]
-    width = reach_tables.width_rows(records)
-    source = {(r["width"], r["lr"]): r for r in width if r["method"] == "deepnet_source" and r["device"] == "cpu"}
+    source = {(r["width"], r["lr"]): r for r in reach_width_rows() if r["method"] == "deepnet_source" and r["device"] == "cpu"}
     best128 = one([lr for (w, lr), r in source.items() if w == 128 and r["best_rate"]], "d128 best rate")
     d256 = source[256, best128]
     assert d256["stalled"]
